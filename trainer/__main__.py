@@ -1,0 +1,68 @@
+"""``python -m trainer --config FILE.yaml [key=value ...] [--out result.json]``.
+
+Under torchrun (RANK/WORLD_SIZE set) this process is one rank of the world; otherwise it spawns
+parallel.pp x parallel.dp local ranks itself. Either way rank results are merged into one result JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+from trainer.config import TrainConfig, apply_overrides, parse_dotlist
+
+
+def load_config(path: Path | None, overrides: list[str]) -> TrainConfig:
+    base = yaml.safe_load(path.read_text()) if path else {}
+    return TrainConfig.from_dict(apply_overrides(base or {}, parse_dotlist(overrides)))
+
+
+def _summary_line(result) -> str:
+    s = result.summary
+    mfu = f"{s.mfu:.1%}" if s.mfu is not None else "n/a"
+    return (f"step {s.step_time_s * 1e3:.1f} ms (median of {s.n_measured_steps}), {s.tokens_per_s:,.0f} tokens/s, "
+            f"MFU {mfu} [{s.peak_basis}], peak memory {s.peak_memory_bytes / 2**20:.1f} MiB, "
+            f"loss {result.steps[0].loss:.4f} -> {result.steps[-1].loss:.4f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, help="trainer YAML (examples/tiny.yaml)")
+    parser.add_argument("--out", type=Path, default=Path("results/trainer_result.json"), help="result JSON path")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. parallel.pp=2")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ValueError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        import torch.distributed as dist
+
+        from trainer.run import finalize, init_world, run
+
+        init_world(cfg.run.device, cfg.run.timeout_s)
+        mine = run(cfg)
+        gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        dist.destroy_process_group()
+        if gathered is None:
+            return 0
+        result = finalize(cfg, gathered)
+    else:
+        from trainer.launch import spawn
+
+        result = spawn(cfg)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(result.to_json())
+    print(_summary_line(result))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

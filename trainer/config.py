@@ -1,0 +1,458 @@
+"""The trainer's configuration: small frozen dataclasses, validated once, in ``__post_init__``.
+
+YAML (or any mapping) reaches these through :func:`TrainConfig.from_dict`; mutually exclusive options are
+separate types chosen by a ``kind:`` key (``recompute: {kind: full, method: block, num_layers: 2}``), so
+a field that one option ignores cannot be set on it. :func:`apply_overrides` applies flat dotted overrides
+(CLI ``key=value`` pairs, an Optuna trial's params) to a mapping before it is validated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Union
+
+from trainer import layout
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 256
+    """Token vocabulary size (256 = bytes for the built-in corpus and the text-file tool)."""
+    n_layers: int = 4
+    """Transformer blocks."""
+    d_model: int = 64
+    """Hidden size."""
+    n_heads: int = 4
+    """Attention heads; must divide d_model."""
+    d_ff: int = 0
+    """MLP inner size; 0 means 4 x d_model."""
+    seq_len: int = 64
+    """Tokens per sequence (the model predicts seq_len next tokens per sequence)."""
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name}={getattr(self, name)} must be >= 1")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}")
+        if self.d_ff < 0:
+            raise ValueError("model.d_ff must be >= 0 (0 means 4 x d_model)")
+
+    @property
+    def ffn_dim(self) -> int:
+        return self.d_ff or 4 * self.d_model
+
+
+@dataclass(frozen=True)
+class SyntheticData:
+    """Built-in deterministic corpus: a fixed random bigram language, learnable in a few hundred steps."""
+    kind: ClassVar[str] = "synthetic"
+    seed: int = 1234
+    """Seed of the language itself (not of the model)."""
+
+
+@dataclass(frozen=True)
+class TokenFileData:
+    """A memory-mapped token file made by ``python -m trainer.data`` (format in the README)."""
+    kind: ClassVar[str] = "token_file"
+    path: str = ""
+    """Path to the ``.bin`` token file (its ``.json`` header sits beside it)."""
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ValueError("data.path is required with data.kind=token_file")
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    global_batch: int = 8
+    """Sequences per update, FIXED: changing it changes what the model learns."""
+    micro_batch_size: int = 1
+    """Sequences per microbatch: the knob. Microbatches per replica = global / (micro x dp)."""
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    pp: int = 1
+    """Pipeline-parallel ranks."""
+    dp: int = 1
+    """Data-parallel replicas; pp x dp is the world size."""
+
+    def __post_init__(self) -> None:
+        if self.pp < 1 or self.dp < 1:
+            raise ValueError("parallel.pp and parallel.dp must be >= 1")
+
+
+@dataclass(frozen=True)
+class BalancedSplit:
+    """Layers spread as evenly as possible; remainder layers go to middle stages first."""
+    kind: ClassVar[str] = "balanced"
+
+
+@dataclass(frozen=True)
+class ExplicitSplit:
+    """Layers per stage, listed (one entry per model chunk: pp x virtual_stages)."""
+    kind: ClassVar[str] = "explicit"
+    layers: tuple[int, ...] = ()
+    """Layer count of each stage, in pipeline order."""
+
+
+@dataclass(frozen=True)
+class FirstLastSplit:
+    """Megatron's decoder_first/last_pipeline_num_layers: fixed first/last stages, the rest balanced."""
+    kind: ClassVar[str] = "first_last"
+    first: int = 0
+    """Layers on the first stage (0: balanced with the middle)."""
+    last: int = 0
+    """Layers on the last stage (0: balanced with the middle)."""
+
+
+Split = Union[BalancedSplit, ExplicitSplit, FirstLastSplit]
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    schedule: str = "1f1b"
+    """gpipe | 1f1b | interleaved_1f1b (ignored when parallel.pp = 1: plain gradient accumulation)."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank; > 1 only with interleaved_1f1b."""
+    split: Split = field(default_factory=BalancedSplit)
+    """Which layers each stage holds."""
+
+
+@dataclass(frozen=True)
+class ReplicateDP:
+    """Replicated parameters, bucketed gradient all-reduce (Megatron-style DDP, correct under any schedule)."""
+    kind: ClassVar[str] = "replicate"
+    overlap_grad_reduce: bool = True
+    """Launch a bucket's all-reduce as soon as its gradients are final, under the remaining backward."""
+    bucket_mb: float = 25.0
+    """Bucket size in MB of gradients (Megatron's --ddp-bucket-size is this in parameters)."""
+
+    def __post_init__(self) -> None:
+        if self.bucket_mb <= 0:
+            raise ValueError("data_parallel.bucket_mb must be > 0")
+
+
+@dataclass(frozen=True)
+class FsdpDP:
+    """Sharded parameters, gradients and optimizer state (FSDP2 ``fully_shard`` per block, on the dp mesh)."""
+    kind: ClassVar[str] = "fsdp"
+    reshard_after_forward: bool = True
+    """Free gathered parameters after forward and gather again for backward (less memory, more traffic)."""
+    prefetch: int = 1
+    """Blocks whose parameter all-gather is issued ahead (0: FSDP2's implicit one-ahead only)."""
+
+    def __post_init__(self) -> None:
+        if self.prefetch < 0:
+            raise ValueError("data_parallel.prefetch must be >= 0")
+
+
+@dataclass(frozen=True)
+class TorchDDP:
+    """torch's DistributedDataParallel; only without a pipeline (under pipeline schedules it fails or
+    silently diverges replicas on torch 2.13, measured, so such a config is refused)."""
+    kind: ClassVar[str] = "torch_ddp"
+    bucket_mb: float = 25.0
+    """DDP's bucket_cap_mb."""
+
+    def __post_init__(self) -> None:
+        if self.bucket_mb <= 0:
+            raise ValueError("data_parallel.bucket_mb must be > 0")
+
+
+DataParallel = Union[ReplicateDP, FsdpDP, TorchDDP]
+
+RECOMPUTE_MODULES = ("core_attn", "mlp", "norm")
+
+
+@dataclass(frozen=True)
+class NoRecompute:
+    """Keep every activation for backward."""
+    kind: ClassVar[str] = "none"
+
+
+@dataclass(frozen=True)
+class SelectiveRecompute:
+    """Recompute chosen sub-modules of every layer (Megatron's selective; core_attn is its default)."""
+    kind: ClassVar[str] = "selective"
+    modules: tuple[str, ...] = ("core_attn",)
+    """Any of core_attn, mlp, norm (Megatron's --recompute-modules)."""
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.modules if m not in RECOMPUTE_MODULES]
+        if bad or not self.modules:
+            raise ValueError(f"recompute.modules={list(self.modules)} must be a non-empty subset of {RECOMPUTE_MODULES}")
+
+
+@dataclass(frozen=True)
+class FullRecompute:
+    """Recompute whole layers from their inputs (Megatron's full granularity)."""
+    kind: ClassVar[str] = "full"
+    method: str = "uniform"
+    """uniform: groups of num_layers layers, each one unit; block: the first num_layers layers of each stage."""
+    num_layers: int = 1
+    """Group size (uniform) or number of recomputed layers per stage (block)."""
+
+    def __post_init__(self) -> None:
+        if self.method not in ("uniform", "block"):
+            raise ValueError(f"recompute.method={self.method!r} must be uniform or block")
+        if self.num_layers < 1:
+            raise ValueError("recompute.num_layers must be >= 1")
+
+
+Recompute = Union[NoRecompute, SelectiveRecompute, FullRecompute]
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 3e-3
+    """AdamW learning rate (constant after warm-up)."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up steps."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 disables)."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError("optim.lr must be > 0")
+        if self.grad_clip < 0 or self.weight_decay < 0 or self.warmup_steps < 0:
+            raise ValueError("optim.grad_clip, optim.weight_decay and optim.warmup_steps must be >= 0")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    steps: int = 8
+    """Updates to run."""
+    warmup_steps: int = 2
+    """Leading updates excluded from the timing summary (compilation, allocator, caches)."""
+    precision: str = "fp32"
+    """fp32 or bf16 (autocast; parameters and optimizer state stay fp32)."""
+    device: str = "cpu"
+    """cpu (gloo) or cuda (nccl)."""
+    seed: int = 0
+    """Model initialisation seed."""
+    threads_per_rank: int = 1
+    """torch CPU threads per rank (CPU runs share the machine's cores)."""
+    timeline_steps: int = 2
+    """Measured updates whose per-rank phase spans are kept for the timeline picture."""
+    timeout_s: float = 300.0
+    """Collective timeout: a rank that waits longer raises instead of hanging."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError("run.steps must be >= 1")
+        if not 0 <= self.warmup_steps < self.steps:
+            raise ValueError(f"run.warmup_steps={self.warmup_steps} must be >= 0 and < run.steps={self.steps}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"run.precision={self.precision!r} must be fp32 or bf16")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"run.device={self.device!r} must be cpu or cuda")
+        if self.threads_per_rank < 1 or self.timeline_steps < 0 or self.timeout_s <= 0:
+            raise ValueError("run.threads_per_rank >= 1, run.timeline_steps >= 0 and run.timeout_s > 0 are required")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: Union[SyntheticData, TokenFileData] = field(default_factory=SyntheticData)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    data_parallel: DataParallel = field(default_factory=ReplicateDP)
+    recompute: Recompute = field(default_factory=NoRecompute)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self) -> None:
+        pp, v = self.parallel.pp, self.pipeline.virtual_stages
+        n_micro = layout.num_microbatches(self.batch.global_batch, self.batch.micro_batch_size, self.parallel.dp)
+        if pp > 1:
+            layout.check_schedule(self.pipeline.schedule, pp, v, n_micro)
+        elif self.pipeline.schedule not in layout.SCHEDULES or v != 1:
+            raise ValueError("with parallel.pp=1 use pipeline.virtual_stages=1 and a known pipeline.schedule")
+        stages = self.stage_layers()
+        if isinstance(self.recompute, FullRecompute) and self.recompute.num_layers > max(map(len, stages)):
+            raise ValueError(
+                f"recompute.num_layers={self.recompute.num_layers} exceeds the layers of every stage "
+                f"({[len(s) for s in stages]}): lower it"
+            )
+        if isinstance(self.data_parallel, TorchDDP) and pp > 1:
+            raise ValueError(
+                "data_parallel.kind=torch_ddp cannot be combined with parallel.pp > 1: torch DDP under pipeline "
+                "schedules fails (GPipe, Interleaved1F1B) or leaves replicas silently divergent (static_graph); "
+                "use data_parallel.kind=replicate (bucketed all-reduce, overlap supported) or fsdp"
+            )
+        if isinstance(self.data_parallel, FsdpDP) and self.data_parallel.prefetch and pp > 1 and v > 1:
+            # Explicit prefetch chains blocks within one module; interleaved chunks on a rank run out of order.
+            raise ValueError("data_parallel.prefetch must be 0 with pipeline.virtual_stages > 1")
+
+    # Derived quantities, computed from the validated fields.
+    @property
+    def world_size(self) -> int:
+        return self.parallel.pp * self.parallel.dp
+
+    @property
+    def n_microbatches(self) -> int:
+        return layout.num_microbatches(self.batch.global_batch, self.batch.micro_batch_size, self.parallel.dp)
+
+    @property
+    def n_stages(self) -> int:
+        return self.parallel.pp * self.pipeline.virtual_stages
+
+    def stage_layers(self) -> list[list[int]]:
+        split = self.pipeline.split
+        kw: dict[str, Any] = {}
+        if isinstance(split, ExplicitSplit):
+            kw["explicit"] = split.layers
+        elif isinstance(split, FirstLastSplit):
+            kw = {"first": split.first, "last": split.last}
+        return layout.split_layers(self.model.n_layers, self.n_stages, **kw)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "TrainConfig":
+        return _build(cls, data or {}, "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return _dump(self)
+
+
+# ---- mapping <-> dataclass -------------------------------------------------------------------
+
+def _union_members(tp: Any) -> tuple[type, ...] | None:
+    if typing.get_origin(tp) is Union:
+        members = tuple(a for a in typing.get_args(tp) if dataclasses.is_dataclass(a))
+        return members or None
+    return None
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    if not isinstance(data, dict):
+        raise ValueError(f"{path or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known - {"kind"})
+    if unknown:
+        where = f"{path}." if path else ""
+        raise ValueError(f"unknown field(s) {', '.join(where + u for u in unknown)}; allowed: {sorted(known)}")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = _coerce(hints[f.name], data[f.name], f"{path}.{f.name}" if path else f.name)
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    members = _union_members(tp)
+    if members:
+        if isinstance(value, str):
+            value = {"kind": value}
+        if not isinstance(value, dict) or "kind" not in value:
+            kinds = [m.kind for m in members]
+            raise ValueError(f"{path}: give a mapping with kind: one of {kinds}")
+        by_kind = {m.kind: m for m in members}
+        if value["kind"] not in by_kind:
+            raise ValueError(f"{path}.kind={value['kind']!r} must be one of {sorted(by_kind)}")
+        return _build(by_kind[value["kind"]], value, path)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)
+    if typing.get_origin(tp) is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{path}: expected a list, got {value!r}")
+        (item,) = typing.get_args(tp)[:1]
+        return tuple(_coerce(item, v, f"{path}[{i}]") for i, v in enumerate(value))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{path}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{path}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"{path}: unsupported field type {tp}")
+
+
+def _dump(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        out: dict[str, Any] = {}
+        if isinstance(getattr(type(obj), "kind", None), str):
+            out["kind"] = type(obj).kind
+        for f in dataclasses.fields(obj):
+            out[f.name] = _dump(getattr(obj, f.name))
+        return out
+    if isinstance(obj, tuple):
+        return [_dump(v) for v in obj]
+    return obj
+
+
+def apply_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Apply flat dotted overrides (``{"recompute.kind": "full", "parallel.pp": 2}``) to a nested mapping.
+
+    Changing a ``kind`` switches the option type, so the old option's other fields are dropped unless the
+    overrides set them too: ``recompute.kind=none`` on a full-recompute base gives plain ``{kind: none}``.
+    """
+    out = _deepcopy(base)
+    for key in sorted(overrides, key=lambda k: (not k.endswith(".kind"), k)):
+        parts = key.split(".")
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if isinstance(child, str):  # shorthand ``recompute: none``
+                child = {"kind": child}
+            if not isinstance(child, dict):
+                child = {}
+            node[part] = child
+            node = child
+        leaf = parts[-1]
+        if leaf == "kind" and node.get("kind") != overrides[key]:
+            node.clear()
+        node[leaf] = overrides[key]
+    return out
+
+
+def _deepcopy(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _deepcopy(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_deepcopy(v) for v in d]
+    return d
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mapping -> flat dotted names (the form MLflow params and search spaces use)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def parse_dotlist(items: list[str]) -> dict[str, Any]:
+    """``["run.steps=20", "recompute.modules=[mlp]"]`` -> overrides; values parsed as YAML scalars/lists."""
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override {item!r} must look like key=value (e.g. parallel.pp=2)")
+        out[key.strip()] = yaml.safe_load(raw) if raw != "" else ""
+    return out

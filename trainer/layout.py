@@ -1,0 +1,161 @@
+"""Pure layout arithmetic: parallel degrees, layer splits, microbatch counts.
+
+Nothing here touches torch or processes, so every rule is unit-tested from tables. Errors are
+``ValueError``s that name the config field to change.
+"""
+
+from __future__ import annotations
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+
+
+def check_world_size(pp: int, dp: int, world_size: int) -> None:
+    """The one check that the parallel degrees multiply to the world size."""
+    if pp * dp != world_size:
+        raise ValueError(
+            f"parallel.pp x parallel.dp = {pp} x {dp} = {pp * dp} but the world size is {world_size}: "
+            f"set parallel.dp = {world_size // pp if world_size % pp == 0 else '?'} or launch {pp * dp} ranks"
+        )
+
+
+def num_microbatches(global_batch: int, micro_batch_size: int, dp: int) -> int:
+    """Microbatches per replica per update, derived from the FIXED global batch (Megatron's calculator)."""
+    if global_batch <= 0 or micro_batch_size <= 0 or dp <= 0:
+        raise ValueError("batch.global_batch, batch.micro_batch_size and parallel.dp must be positive")
+    per_step = micro_batch_size * dp
+    if global_batch % per_step:
+        raise ValueError(
+            f"batch.global_batch={global_batch} is not divisible by batch.micro_batch_size x parallel.dp = "
+            f"{micro_batch_size} x {dp} = {per_step}: choose a micro_batch_size that divides "
+            f"{global_batch // dp if global_batch % dp == 0 else global_batch} (the global batch is fixed; "
+            f"changing it changes what the model learns)"
+        )
+    return global_batch // per_step
+
+
+def check_schedule(schedule: str, pp: int, virtual_stages: int, n_micro: int) -> None:
+    """Requirements of each pipeline schedule, checked before any process starts."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"pipeline.schedule={schedule!r} is not one of {', '.join(SCHEDULES)}")
+    if virtual_stages < 1:
+        raise ValueError(f"pipeline.virtual_stages={virtual_stages} must be >= 1")
+    if schedule == "interleaved_1f1b":
+        if pp < 2:
+            raise ValueError("pipeline.schedule=interleaved_1f1b needs parallel.pp >= 2")
+        if virtual_stages < 2:
+            raise ValueError(
+                "pipeline.virtual_stages must be >= 2 with pipeline.schedule=interleaved_1f1b "
+                "(use 1f1b for one stage per rank)"
+            )
+        if n_micro % pp:
+            raise ValueError(
+                f"pipeline.schedule=interleaved_1f1b needs the microbatch count ({n_micro}) to be a multiple "
+                f"of parallel.pp={pp}: change batch.micro_batch_size"
+            )
+    elif virtual_stages != 1:
+        raise ValueError(
+            f"pipeline.virtual_stages={virtual_stages} needs pipeline.schedule=interleaved_1f1b "
+            f"(got {schedule})"
+        )
+    if pp > 1 and schedule in ("1f1b", "interleaved_1f1b") and n_micro < pp:
+        raise ValueError(
+            f"pipeline.schedule={schedule} needs at least parallel.pp={pp} microbatches, got {n_micro}: "
+            f"lower batch.micro_batch_size"
+        )
+
+
+def split_layers(n_layers: int, n_stages: int, *, explicit: tuple[int, ...] | None = None,
+                 first: int | None = None, last: int | None = None) -> list[list[int]]:
+    """Layer indices held by each pipeline stage (model chunk), in order.
+
+    Exactly one of: balanced (no keyword), ``explicit`` counts per stage, or ``first``/``last`` stage
+    counts with the middle stages balanced (Megatron's decoder_first/last_pipeline_num_layers). Every
+    layer lands in exactly one stage; anything else is an error, never a silent drop.
+    """
+    if n_stages < 1:
+        raise ValueError("the number of pipeline stages must be >= 1")
+    if explicit is not None:
+        counts = list(explicit)
+        if len(counts) != n_stages:
+            raise ValueError(
+                f"pipeline.split.layers has {len(counts)} entries but there are {n_stages} stages "
+                f"(parallel.pp x pipeline.virtual_stages)"
+            )
+    elif first is not None or last is not None:
+        counts = _first_last_counts(n_layers, n_stages, first, last)
+    else:
+        counts = _balanced_counts(n_layers, n_stages)
+    if any(c < 1 for c in counts):
+        raise ValueError(f"pipeline.split gives a stage no layers ({counts}); every stage needs >= 1 layer")
+    if sum(counts) != n_layers:
+        raise ValueError(
+            f"pipeline.split.layers {counts} sums to {sum(counts)} but model.n_layers={n_layers}: "
+            f"every layer must land in exactly one stage"
+        )
+    stages, start = [], 0
+    for c in counts:
+        stages.append(list(range(start, start + c)))
+        start += c
+    return stages
+
+
+def _balanced_counts(n_layers: int, n_stages: int) -> list[int]:
+    if n_layers < n_stages:
+        raise ValueError(
+            f"model.n_layers={n_layers} is fewer than the {n_stages} pipeline stages "
+            f"(parallel.pp x pipeline.virtual_stages)"
+        )
+    base, extra = divmod(n_layers, n_stages)
+    # Remainder layers go to the middle stages first: the first stage also holds the embedding and
+    # the last one the head and loss, so they are the ones to keep light.
+    order = list(range(1, n_stages - 1)) + [0, n_stages - 1] if n_stages > 2 else list(range(n_stages))
+    counts = [base] * n_stages
+    for i in order[:extra]:
+        counts[i] += 1
+    return counts
+
+
+def _first_last_counts(n_layers: int, n_stages: int, first: int | None, last: int | None) -> list[int]:
+    if n_stages < 2:
+        raise ValueError("pipeline.split.first/last need at least 2 pipeline stages")
+    first = first if first is not None else 0
+    last = last if last is not None else 0
+    if first < 0 or last < 0:
+        raise ValueError("pipeline.split.first and pipeline.split.last must be >= 1 (0 or unset: balanced)")
+    fixed = [s for s in (first, last) if s]
+    n_free = n_stages - len(fixed)
+    rest = n_layers - sum(fixed)
+    if n_free == 0:
+        counts = [first, last]
+    else:
+        if rest < n_free or rest % n_free:
+            raise ValueError(
+                f"pipeline.split: after first={first or '-'} and last={last or '-'} layers, {rest} layers do not "
+                f"split evenly over the other {n_free} stages (Megatron's rule); adjust pipeline.split.first/last"
+            )
+        counts = [rest // n_free] * n_stages
+        if first:
+            counts[0] = first
+        if last:
+            counts[-1] = last
+    return counts
+
+
+def stage_ids_for_rank(pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
+    """Model chunks held by a pipeline rank: loop placement (chunk c lives on rank c % pp)."""
+    return [pp_rank + v * pp for v in range(virtual_stages)]
+
+
+def recompute_groups(layer_ids: list[int], method: str, num_layers: int) -> list[tuple[list[int], bool]]:
+    """Full recompute on one stage's layers, Megatron's meaning.
+
+    uniform: consecutive groups of ``num_layers`` layers, each group recomputed as one unit (only the
+    group's input is kept). block: the first ``num_layers`` layers of the stage recomputed one by one, the
+    rest keep their activations. Returns (layer ids, recomputed?) groups in order.
+    """
+    if method == "uniform":
+        return [(layer_ids[i:i + num_layers], True) for i in range(0, len(layer_ids), num_layers)]
+    if method == "block":
+        n = min(num_layers, len(layer_ids))
+        return [([lid], True) for lid in layer_ids[:n]] + [([lid], False) for lid in layer_ids[n:]]
+    raise ValueError(f"recompute.method={method!r} must be uniform or block")

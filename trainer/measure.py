@@ -1,0 +1,201 @@
+"""Measurements: device-synchronised phase timers, saved-activation bytes, FLOPs, peak FLOP/s.
+
+Times are taken after a device synchronisation, so on a GPU they cover the work, not its launch. The
+accumulator is plain bookkeeping fed with those times; summaries are medians over measured steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import statistics
+import time
+from collections import defaultdict
+from typing import Iterator
+
+import nvtx  # a no-op without a CUDA profiler attached; torch.cuda.nvtx raises on CPU builds
+import torch
+from torch import nn
+
+from trainer.config import FullRecompute, ModelConfig, SelectiveRecompute, TrainConfig
+from trainer.layout import recompute_groups
+from trainer.model import matmul_params
+from trainer.result import Span
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class PhaseClock:
+    """Per-step phase accumulator for one rank, fed with device-synchronised times."""
+
+    def __init__(self, device: torch.device, keep_spans_for: set[int]) -> None:
+        self.device = device
+        self.keep = keep_spans_for
+        self.totals: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.spans: list[Span] = []
+        self.step = -1
+        self.step_start = 0.0
+        self.marks: dict[int, dict[str, float]] = defaultdict(dict)
+
+    def begin_step(self, step: int) -> float:
+        sync(self.device)
+        self.step, self.step_start = step, time.perf_counter()
+        return self.step_start
+
+    def now(self) -> float:
+        return time.perf_counter() - self.step_start
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        sync(self.device)
+        start = self.now()
+        with nvtx.annotate(name):
+            yield
+        sync(self.device)
+        self.add(name, start, self.now())
+
+    def add(self, name: str, start: float, end: float) -> None:
+        self.totals[self.step][name] += end - start
+        if self.step in self.keep:
+            self.spans.append(Span(self.step, name, start, end))
+
+    def mark(self, name: str, first: bool = True) -> None:
+        """Remember a moment of this step (first or last occurrence)."""
+        t = self.now()
+        marks = self.marks[self.step]
+        if not first or name not in marks:
+            marks[name] = t
+
+    def medians(self, steps: list[int]) -> dict[str, float]:
+        names = {n for s in steps for n in self.totals[s]}
+        return {n: statistics.median(self.totals[s].get(n, 0.0) for s in steps) for n in sorted(names)}
+
+
+class SavedActivations:
+    """Peak bytes of tensors saved for backward, via ``torch.autograd.graph.saved_tensors_hooks``.
+
+    Storages are counted once however many ops save them; parameters are not activations and are
+    skipped. A saved tensor stops counting when autograd frees it (its holder is collected), so the peak
+    reflects how many microbatches a schedule keeps in flight and what recompute discards.
+    """
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.peak = 0
+        self._refs: dict[int, list[int]] = {}
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+    def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def _pack(self, t: torch.Tensor):
+        if isinstance(t, nn.Parameter) or t.device.type == "meta":
+            return t
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        entry = self._refs.get(key)
+        if entry is None:
+            self._refs[key] = [1, storage.nbytes()]
+            self.live += storage.nbytes()
+            self.peak = max(self.peak, self.live)
+        else:
+            entry[0] += 1
+        return _Held(t, key, self)
+
+    @staticmethod
+    def _unpack(held):
+        return held.tensor if isinstance(held, _Held) else held
+
+    def _release(self, key: int) -> None:
+        entry = self._refs[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.live -= entry[1]
+            del self._refs[key]
+
+
+class _Held:
+    __slots__ = ("tensor", "key", "owner")
+
+    def __init__(self, tensor: torch.Tensor, key: int, owner: SavedActivations) -> None:
+        self.tensor, self.key, self.owner = tensor, key, owner
+
+    def __del__(self) -> None:
+        self.owner._release(self.key)
+
+
+# ---- FLOPs (pure) -----------------------------------------------------------------------------
+
+def model_flops_per_token(cfg: ModelConfig) -> float:
+    """6N + 12 L d T per token (Kaplan et al. / PaLM appendix B): N = matmul parameters (embedding lookups
+    do no matmul), the second term the attention scores and weighted sum, no causal discount."""
+    per_layer, head = matmul_params(cfg)
+    n = cfg.n_layers * per_layer + head
+    return 6.0 * n + 12.0 * cfg.n_layers * cfg.d_model * cfg.seq_len
+
+
+def recompute_flops_per_token(cfg: TrainConfig) -> float:
+    """Forward FLOPs that recompute repeats per token (hardware FLOPs minus model FLOPs)."""
+    m = cfg.model
+    per_layer, _ = matmul_params(m)
+    attn_fwd = 4.0 * m.d_model * m.seq_len
+    rc = cfg.recompute
+    if isinstance(rc, FullRecompute):
+        layers = sum(len(ids) for stage in cfg.stage_layers()
+                     for ids, on in recompute_groups(stage, rc.method, rc.num_layers) if on)
+        return layers * (2.0 * per_layer + attn_fwd)
+    if isinstance(rc, SelectiveRecompute):
+        per = (attn_fwd if "core_attn" in rc.modules else 0.0)
+        per += 2.0 * 2 * m.d_model * m.ffn_dim if "mlp" in rc.modules else 0.0
+        return m.n_layers * per
+    return 0.0
+
+
+# ---- peak FLOP/s ------------------------------------------------------------------------------
+
+# Dense BF16 tensor-core peaks from the vendors' datasheets (no sparsity), FLOP/s per GPU.
+GPU_BF16_PEAK = {"B200": 2.25e15, "H200": 989e12, "H100": 989e12, "A100": 312e12}
+
+_cpu_peak_cache: dict[tuple[int, str], float] = {}
+
+
+def peak_flops(device: torch.device, precision: str) -> tuple[float | None, str]:
+    """(peak FLOP/s per rank, its basis). An unknown GPU or precision gives None: no MFU, never a guess."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        if precision != "bf16":
+            return None, f"no declared {precision} peak for {name}: MFU not computed"
+        for key, peak in GPU_BF16_PEAK.items():
+            if key in name:
+                return peak, f"{key} dense BF16 datasheet peak {peak / 1e12:.0f} TFLOP/s ({name})"
+        return None, f"unknown GPU {name!r}: no declared peak, MFU not computed"
+    threads = torch.get_num_threads()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    key = (threads, precision)
+    if key not in _cpu_peak_cache:
+        _cpu_peak_cache[key] = _measure_cpu_matmul(dtype)
+    peak = _cpu_peak_cache[key]
+    return peak, (f"measured CPU peak: best of 5 {precision} 512x512x512 matmuls on {threads} thread(s), "
+                  f"{peak / 1e9:.1f} GFLOP/s")
+
+
+def _measure_cpu_matmul(dtype: torch.dtype, n: int = 512) -> float:
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2.0 * n ** 3 / best
+
+
+def process_peak_rss_bytes() -> int:
+    """High-water mark of this process's resident memory since it started (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -1,0 +1,111 @@
+"""Apply the layout to the model: recompute, then data-parallel wrapping, then pipeline stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainer.config import FsdpDP, FullRecompute, ReplicateDP, SelectiveRecompute, TorchDDP, TrainConfig
+from trainer.grad_sync import GradReducer
+from trainer.layout import recompute_groups, stage_ids_for_rank
+from trainer.model import GPT
+
+
+@dataclass
+class Groups:
+    """This rank's place in the pp x dp grid (rank = pp_rank * dp + dp_rank) and its process groups."""
+    pp_rank: int
+    dp_rank: int
+    pp_group: dist.ProcessGroup | None
+    dp_group: dist.ProcessGroup | None
+
+
+@dataclass
+class Parallelized:
+    chunks: list[nn.Module]
+    """Model chunks on this rank (wrapped as the data-parallel mode requires), in stage order."""
+    stage_ids: list[int]
+    reducer: GradReducer | None
+    schedule: object | None
+    """A torch.distributed.pipelining schedule when parallel.pp > 1."""
+    stages: list[object]
+
+
+def build_chunks(cfg: TrainConfig, pp_rank: int, device: torch.device) -> tuple[list[GPT], list[int]]:
+    """The model chunks a pipeline rank holds, each initialised exactly as in the single-process model."""
+    stage_layers = cfg.stage_layers()
+    last = cfg.n_stages - 1
+    ids = stage_ids_for_rank(pp_rank, cfg.parallel.pp, cfg.pipeline.virtual_stages)
+    chunks = []
+    for sid in ids:
+        chunk = GPT(cfg.model, stage_layers[sid], has_embedding=sid == 0, has_head=sid == last)
+        chunk.init_weights(cfg.run.seed)
+        chunks.append(chunk.to(device))
+    return chunks, ids
+
+
+def apply_recompute(chunk: GPT, cfg: TrainConfig) -> None:
+    rc = cfg.recompute
+    if isinstance(rc, FullRecompute):
+        chunk.set_full_recompute(recompute_groups([int(k) for k in chunk.layers], rc.method, rc.num_layers))
+    elif isinstance(rc, SelectiveRecompute):
+        for block in chunk.layers.values():
+            block.set_selective_recompute(rc.modules)
+
+
+def apply_fsdp(chunk: GPT, dp_group: dist.ProcessGroup, dp_cfg: FsdpDP, device: torch.device) -> None:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = DeviceMesh.from_group(dp_group, device.type, mesh_dim_names=("dp",))
+    blocks = list(chunk.layers.values())
+    for block in blocks:
+        fully_shard(block, mesh=mesh, reshard_after_forward=dp_cfg.reshard_after_forward)
+    fully_shard(chunk, mesh=mesh, reshard_after_forward=dp_cfg.reshard_after_forward)
+    if dp_cfg.prefetch:
+        for i, block in enumerate(blocks):
+            ahead = blocks[i + 1:i + 1 + dp_cfg.prefetch]
+            behind = blocks[max(0, i - dp_cfg.prefetch):i][::-1]
+            if ahead:
+                block.set_modules_to_forward_prefetch(ahead)
+            if behind:
+                block.set_modules_to_backward_prefetch(behind)
+
+
+def parallelize(cfg: TrainConfig, groups: Groups, device: torch.device, loss_fn) -> Parallelized:
+    chunks, stage_ids = build_chunks(cfg, groups.pp_rank, device)
+    for chunk in chunks:
+        apply_recompute(chunk, cfg)
+
+    dpc, reducer = cfg.data_parallel, None
+    if cfg.parallel.dp > 1:
+        if isinstance(dpc, ReplicateDP):
+            reducer = GradReducer(chunks, groups.dp_group, bucket_bytes=int(dpc.bucket_mb * 1e6),
+                                  overlap=dpc.overlap_grad_reduce, n_microbatches=cfg.n_microbatches, device=device)
+        elif isinstance(dpc, FsdpDP):
+            for chunk in chunks:
+                apply_fsdp(chunk, groups.dp_group, dpc, device)
+        elif isinstance(dpc, TorchDDP):
+            from torch.nn.parallel import DistributedDataParallel
+
+            chunks = [DistributedDataParallel(chunks[0], process_group=groups.dp_group, bucket_cap_mb=dpc.bucket_mb,
+                                              device_ids=[device.index] if device.type == "cuda" else None)]
+
+    schedule, stages = None, []
+    if cfg.parallel.pp > 1:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+        stages = [PipelineStage(chunk, sid, cfg.n_stages, device, group=groups.pp_group)
+                  for chunk, sid in zip(chunks, stage_ids)]
+        n_micro = cfg.n_microbatches
+        # Losses are normalised by the replica's token count in loss_fn; no extra scaling by the schedule.
+        if cfg.pipeline.schedule == "interleaved_1f1b":
+            schedule = ScheduleInterleaved1F1B(stages, n_micro, loss_fn=loss_fn, scale_grads=False)
+        elif cfg.pipeline.schedule == "gpipe":
+            schedule = ScheduleGPipe(stages[0], n_micro, loss_fn=loss_fn, scale_grads=False)
+        else:
+            schedule = Schedule1F1B(stages[0], n_micro, loss_fn=loss_fn, scale_grads=False)
+    return Parallelized(chunks, stage_ids, reducer, schedule, stages)

@@ -1,0 +1,317 @@
+"""One measured training run on a torch.distributed world, as one rank.
+
+``run`` does not assume it owns the process: it joins the world described by torchrun's variables only
+if none exists (and then leaves it again), builds and destroys its own pipeline/data-parallel groups,
+resets peak-memory statistics and removes every hook it installs, so a long-lived worker can run many
+configs in a row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from trainer import layout
+from trainer.config import FsdpDP, TorchDDP, TrainConfig
+from trainer.data import open_corpus, replica_batch
+from trainer.measure import (PhaseClock, SavedActivations, model_flops_per_token, peak_flops,
+                             process_peak_rss_bytes, recompute_flops_per_token, sync)
+from trainer.parallelize import Groups, Parallelized, parallelize
+from trainer.result import RankResult, Result, Span, StepRecord, merge
+
+
+class NonFiniteLoss(RuntimeError):
+    """The global loss became NaN or infinite; raised on every rank at the same step."""
+
+
+def device_for(kind: str) -> torch.device:
+    if kind == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def init_world(device: str = "cpu", timeout_s: float = 300.0) -> None:
+    """Join the world described by RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun's variables)."""
+    if dist.is_initialized():
+        return
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise RuntimeError(f"no torch.distributed world: set {', '.join(missing)} (torchrun does) or use "
+                           f"trainer.launch.spawn")
+    if device == "cuda":
+        torch.cuda.set_device(device_for("cuda"))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s))
+
+
+def make_groups(pp: int, dp: int, timeout_s: float) -> Groups:
+    """Every rank creates every group, in the same order, as torch.distributed requires."""
+    rank = dist.get_rank()
+    timeout = timedelta(seconds=timeout_s)
+    pp_rank, dp_rank = divmod(rank, dp)
+    pp_group = dp_group = None
+    for d in range(dp):
+        g = dist.new_group([p * dp + d for p in range(pp)], timeout=timeout)
+        if d == dp_rank:
+            pp_group = g
+    for p in range(pp):
+        g = dist.new_group([p * dp + d for d in range(dp)], timeout=timeout)
+        if p == pp_rank:
+            dp_group = g
+    return Groups(pp_rank, dp_rank, pp_group, dp_group)
+
+
+def run(cfg: TrainConfig) -> RankResult:
+    owns_world = not dist.is_initialized()
+    init_world(cfg.run.device, cfg.run.timeout_s)
+    try:
+        layout.check_world_size(cfg.parallel.pp, cfg.parallel.dp, dist.get_world_size())
+        torch.set_num_threads(cfg.run.threads_per_rank)
+        groups = make_groups(cfg.parallel.pp, cfg.parallel.dp, cfg.run.timeout_s)
+        try:
+            return _train(cfg, groups)
+        finally:
+            for g in {groups.pp_group, groups.dp_group}:
+                if g is not None:
+                    dist.destroy_process_group(g)
+    finally:
+        if owns_world:
+            dist.destroy_process_group()
+
+
+def _train(cfg: TrainConfig, groups: Groups) -> RankResult:
+    device = device_for(cfg.run.device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    torch.manual_seed(cfg.run.seed)
+    dp, n_micro, mbs = cfg.parallel.dp, cfg.n_microbatches, cfg.batch.micro_batch_size
+    replica_tokens = cfg.batch.global_batch // dp * cfg.model.seq_len
+
+    def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        # Sum over the microbatch / tokens of the whole replica batch: accumulated over microbatches and
+        # averaged over replicas this is the mean over every token of the global batch, for any layout.
+        ce = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="sum")
+        return ce / replica_tokens
+
+    par = parallelize(cfg, groups, device, loss_fn)
+    params = [p for c in par.chunks for p in c.parameters()]
+    opt = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
+                            weight_decay=cfg.optim.weight_decay, foreach=False)
+    corpus = open_corpus(cfg.data, cfg.model.vocab_size)
+    measured = list(range(cfg.run.warmup_steps, cfg.run.steps))
+    clock = PhaseClock(device, set(measured[:cfg.run.timeline_steps]))
+    acts = SavedActivations()
+    restore = _instrument(par, clock)
+    holds_last = (cfg.n_stages - 1) in par.stage_ids
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.run.precision == "bf16")
+    records, act_peak, reduce_gaps = [], 0, []
+    try:
+        for step in range(cfg.run.steps):
+            t0 = clock.begin_step(step)
+            x, y = replica_batch(corpus, step, cfg.batch.global_batch, dp, groups.dp_rank, cfg.model.seq_len)
+            x, y = x.to(device), y.to(device)
+            _set_lr(opt, cfg, step)
+            if par.reducer is not None:
+                par.reducer.zero_grad()
+            else:
+                opt.zero_grad(set_to_none=True)
+            acts.reset_peak()
+            with acts.hooks(), autocast:
+                if par.schedule is not None:
+                    replica_loss = _pipeline_step(par, clock, x, y, holds_last)
+                else:
+                    replica_loss = _accumulation_step(par, cfg, clock, x, y, loss_fn, n_micro, mbs)
+            if par.reducer is not None:
+                with clock.phase("dp_comm_wait"):
+                    buckets = par.reducer.finish()
+                for launch, done in buckets:
+                    clock.add("dp_reduce", launch - t0, done - t0)
+                reduce_gaps.append((step, par.reducer.first_launch - t0 - clock.marks[step]["backward_end"]))
+            with clock.phase("optimizer"):
+                loss, norm = _global_loss_and_norm(par, cfg, groups, replica_loss, holds_last, device)
+                if not (math.isfinite(loss) and math.isfinite(norm)):
+                    raise NonFiniteLoss(f"step {step}: loss={loss} grad_norm={norm}")
+                if cfg.optim.grad_clip and norm > cfg.optim.grad_clip:
+                    scale = cfg.optim.grad_clip / (norm + 1e-6)
+                    for p in params:
+                        if p.grad is not None:
+                            p.grad.mul_(scale)
+                opt.step()
+            sync(device)
+            elapsed = clock.now()
+            if step in measured:
+                act_peak = max(act_peak, acts.peak)
+            records.append(StepRecord(step, elapsed, loss, norm, cfg.batch.global_batch * cfg.model.seq_len))
+        return _rank_result(cfg, groups, par, opt, clock, measured, records, act_peak, reduce_gaps, device)
+    finally:
+        restore()
+        if par.reducer is not None:
+            par.reducer.remove()
+
+
+def _set_lr(opt: torch.optim.Optimizer, cfg: TrainConfig, step: int) -> None:
+    warm = cfg.optim.warmup_steps
+    lr = cfg.optim.lr * min(1.0, (step + 1) / warm) if warm else cfg.optim.lr
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
+def _pipeline_step(par: Parallelized, clock: PhaseClock, x, y, holds_last: bool) -> torch.Tensor | None:
+    losses: list[torch.Tensor] = []
+    start = clock.now()
+    before = sum(clock.totals[clock.step].values())
+    args = (x,) if 0 in par.stage_ids else ()
+    kwargs = {"target": y, "losses": losses} if holds_last else {}
+    par.schedule.step(*args, **kwargs)
+    sync(clock.device)
+    end = clock.now()
+    busy = sum(clock.totals[clock.step].values()) - before
+    clock.totals[clock.step]["pipeline_idle"] += max(0.0, (end - start) - busy)
+    if clock.step in clock.keep:
+        _idle_spans(clock, start, end)
+    return torch.stack([loss.detach().float() for loss in losses]).sum() if holds_last else None
+
+
+def _idle_spans(clock: PhaseClock, start: float, end: float) -> None:
+    busy = sorted((s.start_s, s.end_s) for s in clock.spans if s.step == clock.step and s.start_s >= start)
+    t = start
+    for s, e in busy:
+        if s > t:
+            clock.spans.append(Span(clock.step, "pipeline_idle", t, s))
+        t = max(t, e)
+    if end > t and busy:
+        clock.spans.append(Span(clock.step, "pipeline_idle", t, end))
+
+
+def _accumulation_step(par, cfg, clock, x, y, loss_fn, n_micro, mbs) -> torch.Tensor:
+    model = par.chunks[0]
+    total = torch.zeros((), device=x.device)
+    for i in range(n_micro):
+        last = i == n_micro - 1
+        sl = slice(i * mbs, (i + 1) * mbs)
+        ctx = model.no_sync() if isinstance(cfg.data_parallel, TorchDDP) and cfg.parallel.dp > 1 and not last \
+            else contextlib.nullcontext()
+        if isinstance(cfg.data_parallel, FsdpDP) and cfg.parallel.dp > 1:
+            model.set_requires_gradient_sync(last)
+        with ctx:
+            with clock.phase("forward"):
+                loss = loss_fn(model(x[sl]), y[sl])
+            with clock.phase("backward"):
+                loss.backward()
+            clock.mark("backward_end", first=False)
+        total += loss.detach().float()
+    return total
+
+
+def _instrument(par: Parallelized, clock: PhaseClock):
+    """Time the pipeline stages' compute by wrapping their per-chunk methods (instance attributes only)."""
+    originals = []
+
+    def wrap(obj, name, phase, mark=None):
+        fn = getattr(obj, name)
+
+        def timed(*a, **k):
+            with clock.phase(phase):
+                out = fn(*a, **k)
+            if mark:
+                clock.mark(mark, first=False)
+            return out
+        setattr(obj, name, timed)
+        originals.append((obj, name))
+
+    for stage in par.stages:
+        wrap(stage, "forward_one_chunk", "forward")
+        wrap(stage, "backward_one_chunk", "backward", mark="backward_end")
+        wrap(stage, "perform_reduce_grad", "dp_comm_wait")
+
+    def restore():
+        for obj, name in originals:
+            delattr(obj, name)
+    return restore
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _global_loss_and_norm(par, cfg, groups, replica_loss, holds_last, device) -> tuple[float, float]:
+    sharded = isinstance(cfg.data_parallel, FsdpDP) and cfg.parallel.dp > 1
+    count_grads = sharded or groups.dp_rank == 0
+    sq = torch.zeros((), device=device, dtype=torch.float64)
+    if count_grads:
+        for c in par.chunks:
+            for p in c.parameters():
+                if p.grad is not None:
+                    sq += _local(p.grad).double().pow(2).sum()
+    vec = torch.stack([
+        replica_loss.double() / cfg.parallel.dp if holds_last else torch.zeros((), device=device, dtype=torch.float64),
+        sq,
+    ])
+    dist.all_reduce(vec)
+    return float(vec[0]), float(vec[1].sqrt())
+
+
+def _canonical(name: str) -> str:
+    return name[len("module."):] if name.startswith("module.") else name
+
+
+def _rank_result(cfg, groups, par, opt, clock, measured, records, act_peak, reduce_gaps, device) -> RankResult:
+    sharded = isinstance(cfg.data_parallel, FsdpDP) and cfg.parallel.dp > 1
+    fingerprint, flat = {}, []
+    with torch.no_grad():
+        for c in par.chunks:
+            for name, p in c.named_parameters():
+                t = _local(p.detach()).double()
+                fingerprint[_canonical(name)] = [float(t.pow(2).sum()), float(t.sum()), float(sharded)]
+                flat.append(_local(p.detach()).reshape(-1))
+        replica_diff = 0.0
+        if cfg.parallel.dp > 1 and not sharded:
+            vec = torch.cat(flat).float()
+            hi, lo = vec.clone(), vec.clone()
+            dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=groups.dp_group)
+            dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=groups.dp_group)
+            replica_diff = float((hi - lo).abs().max())
+    param_bytes = sum(_local(p).numel() * p.element_size() for c in par.chunks for p in c.parameters())
+    grad_bytes = sum(_local(p.grad).numel() * p.grad.element_size()
+                     for c in par.chunks for p in c.parameters() if p.grad is not None)
+    opt_bytes = sum(_local(v).numel() * v.element_size() for st in opt.state.values() for v in st.values()
+                    if torch.is_tensor(v))
+    memory = {"param_bytes": param_bytes, "grad_bytes": grad_bytes, "optimizer_state_bytes": opt_bytes,
+              "saved_activation_peak_bytes": act_peak, "process_peak_rss_bytes": process_peak_rss_bytes()}
+    if device.type == "cuda":
+        memory["cuda_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        memory["peak_bytes"] = memory["cuda_peak_allocated_bytes"]
+    else:
+        memory["peak_bytes"] = param_bytes + grad_bytes + opt_bytes + act_peak
+    gaps = sorted(g for s, g in reduce_gaps if s in measured)
+    peak, basis = peak_flops(device, cfg.run.precision)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return RankResult(
+        rank=dist.get_rank(), pp_rank=groups.pp_rank, dp_rank=groups.dp_rank, stage_ids=par.stage_ids,
+        layer_ids=[int(k) for c in par.chunks for k in getattr(c, "module", c).layers],
+        device_name=name, steps=records, phase_s=clock.medians(measured),
+        reduce_start_after_backward_s=gaps[len(gaps) // 2] if gaps else None,
+        spans=clock.spans, memory=memory, fingerprint=fingerprint, replica_max_abs_diff=replica_diff,
+        peak_flops=peak, peak_basis=basis,
+    )
+
+
+def peak_memory_basis(cfg: TrainConfig) -> str:
+    if cfg.run.device == "cuda":
+        return "torch.cuda.max_memory_allocated (caching-allocator peak, reset at run start)"
+    return ("CPU: parameter + gradient + optimizer-state bytes + peak saved-activation bytes "
+            "(saved_tensors_hooks); process RSS reported separately")
+
+
+def finalize(cfg: TrainConfig, ranks: list[RankResult]) -> Result:
+    tokens = cfg.batch.global_batch * cfg.model.seq_len
+    model_flops = tokens * model_flops_per_token(cfg.model)
+    return merge(ranks, config=cfg.to_dict(), n_microbatches=cfg.n_microbatches, warmup_steps=cfg.run.warmup_steps,
+                 model_flops_per_step=model_flops,
+                 hardware_flops_per_step=model_flops + tokens * recompute_flops_per_token(cfg),
+                 peak_memory_basis=peak_memory_basis(cfg))
