@@ -93,10 +93,7 @@ def _train(cfg: TrainConfig, groups: Groups) -> RankResult:
     replica_tokens = cfg.batch.global_batch // dp * cfg.model.seq_len
 
     def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        # Sum over the microbatch / tokens of the whole replica batch: accumulated over microbatches and
-        # averaged over replicas this is the mean over every token of the global batch, for any layout.
-        ce = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="sum")
-        return ce / replica_tokens
+        return token_loss(logits, target, replica_tokens)
 
     par = parallelize(cfg, groups, device, loss_fn)
     params = [p for c in par.chunks for p in c.parameters()]
@@ -152,6 +149,16 @@ def _train(cfg: TrainConfig, groups: Groups) -> RankResult:
         restore()
         if par.reducer is not None:
             par.reducer.remove()
+
+
+def token_loss(logits: torch.Tensor, target: torch.Tensor, replica_tokens: int) -> torch.Tensor:
+    """Cross-entropy summed over the microbatch, divided by the tokens of the whole replica batch.
+
+    Accumulated over microbatches and averaged over replicas this is the mean over every token of the
+    global batch, for any layout.
+    """
+    ce = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="sum")
+    return ce / replica_tokens
 
 
 def _set_lr(opt: torch.optim.Optimizer, cfg: TrainConfig, step: int) -> None:

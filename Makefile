@@ -1,0 +1,17 @@
+# The two commands the README starts with. Each sets everything up first (scripts/setup.sh).
+.PHONY: setup sweep test test-fast bench
+
+setup:
+	bash scripts/setup.sh
+
+sweep: setup
+	.venv/bin/python -m orchestrator sweep
+
+test: setup
+	.venv/bin/python -m pytest -q
+
+test-fast: setup
+	.venv/bin/python -m pytest -q -m "not e2e and not distributed"
+
+bench: setup
+	.venv/bin/python bench/throughput_cpu.py

@@ -1,0 +1,151 @@
+"""Loss-parity gate: a trial must learn exactly what the baseline learns.
+
+Pure functions. The reference is the baseline config's run (same seed, data, global batch, steps):
+per-step losses, per-step global gradient norms and a layout-independent fingerprint of the final
+parameters (per-tensor L2 norm and sum under the single-process model's names). A trial is compared
+step by step; the first failing step and metric are reported. Tolerances are per precision; the fp32
+defaults sit between the largest difference a legitimate layout change makes and the smallest a seeded
+bug makes, both measured (bench/parity_margins.py, README "Loss-parity gate").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from trainer.result import Result
+
+# Settings that change the maths by design. A search over them is a different study (quality, not speed).
+MATHS_FIELDS = ("model", "data", "batch.global_batch", "optim", "run.seed", "run.steps", "run.precision")
+MATHS_PREFIXES = ("model.", "data.", "batch.global_batch", "optim.", "run.seed", "run.steps", "run.precision")
+
+# Knobs that change the order of floating-point reductions (labelled as numerics risks in summaries).
+REDUCTION_ORDER_KNOBS = ("data_parallel.bucket_mb", "data_parallel.overlap_grad_reduce", "data_parallel.kind",
+                         "data_parallel.reshard_after_forward", "data_parallel.prefetch", "batch.micro_batch_size",
+                         "parallel.dp")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    loss_rel: float
+    """Per-step loss, relative to the baseline's."""
+    grad_norm_rel: float
+    """Per-step global gradient norm, relative."""
+    param_rel: float
+    """Final parameters: per-tensor norm relative diff, and sum diff relative to the tensor's norm."""
+    replica_abs: float
+    """Largest element difference between data-parallel replicas of the trial itself."""
+
+
+# fp32: legit layout changes measured <= ~1e-6 relative in loss; the smallest seeded bug (lr + 1%) moves the
+# loss ~1e-4 by step 1. bf16 floors cover autocast rounding that depends on microbatch shapes; a measured
+# run-to-run spread of the baseline widens them (tolerance_from_repeats).
+DEFAULT_TOLERANCE = {
+    "fp32": Tolerance(loss_rel=1e-5, grad_norm_rel=1e-4, param_rel=1e-5, replica_abs=1e-6),
+    "bf16": Tolerance(loss_rel=2e-3, grad_norm_rel=2e-2, param_rel=2e-3, replica_abs=1e-6),
+}
+REPEAT_FACTOR = 10.0
+"""bf16/GPU: tolerance = max(floor, REPEAT_FACTOR x the baseline's own run-to-run difference)."""
+
+
+def maths_key(train_cfg: dict[str, Any]) -> str:
+    """Hash of everything that affects the maths: a reference is reused only under the same key."""
+    picked = {}
+    for f in MATHS_FIELDS:
+        node: Any = train_cfg
+        for part in f.split("."):
+            node = node[part]
+        picked[f] = node
+    return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_space_is_throughput_only(param_names: list[str]) -> None:
+    bad = [p for p in param_names if p.startswith(MATHS_PREFIXES)]
+    if bad:
+        raise ValueError(
+            f"space.params varies {', '.join(sorted(bad))}: these change what the model learns (global batch, "
+            f"learning rate or schedule, seed, data, model, precision, weight decay), so they are not throughput "
+            f"knobs and a faster config would not be the same training. Remove them from the search space; a study "
+            f"of them needs its own quality comparison."
+        )
+
+
+def reference_from_result(result: Result, precision: str | None = None) -> dict[str, Any]:
+    return {
+        "losses": [s.loss for s in result.steps],
+        "grad_norms": [s.grad_norm for s in result.steps],
+        "fingerprint": result.fingerprint,
+        "precision": precision or result.config["run"]["precision"],
+        "maths_key": maths_key(result.config),
+    }
+
+
+def tolerance_from_repeats(ref_a: dict[str, Any], ref_b: dict[str, Any], precision: str) -> Tolerance:
+    """Widen the precision's floor to REPEAT_FACTOR x the baseline's own run-to-run spread."""
+    floor = DEFAULT_TOLERANCE[precision]
+    spread = _diffs(ref_a, ref_b)
+    return Tolerance(
+        loss_rel=max(floor.loss_rel, REPEAT_FACTOR * spread["loss"]),
+        grad_norm_rel=max(floor.grad_norm_rel, REPEAT_FACTOR * spread["grad_norm"]),
+        param_rel=max(floor.param_rel, REPEAT_FACTOR * spread["param"]),
+        replica_abs=floor.replica_abs,
+    )
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def _diffs(trial: dict[str, Any], ref: dict[str, Any]) -> dict[str, float]:
+    loss = [_rel(a, b) for a, b in zip(trial["losses"], ref["losses"])]
+    norm = [_rel(a, b) for a, b in zip(trial["grad_norms"], ref["grad_norms"])]
+    return {"loss": max(loss, default=0.0), "grad_norm": max(norm, default=0.0),
+            "param": _param_diff(trial["fingerprint"], ref["fingerprint"])}
+
+
+def _param_diff(fp: dict[str, list[float]], ref: dict[str, list[float]]) -> float:
+    if set(fp) != set(ref):
+        return float("inf")
+    worst = 0.0
+    for name, (norm, total) in ref.items():
+        t_norm, t_total = fp[name][0], fp[name][1]
+        worst = max(worst, _rel(t_norm, norm), abs(t_total - total) / max(norm, 1e-12))
+    return worst
+
+
+def compare(reference: dict[str, Any], result: Result, precision: str | None = None,
+            tolerance: Tolerance | None = None) -> dict[str, Any]:
+    """The verdict for one trial: pass/fail, the first failing step and metric, the worst differences."""
+    precision = precision or reference["precision"]
+    tol = tolerance or DEFAULT_TOLERANCE[precision]
+    trial = reference_from_result(result, precision)
+    first_step, first_metric = None, None
+    if len(trial["losses"]) != len(reference["losses"]):
+        first_step, first_metric = 0, "steps"
+    for step, (tl, rl, tn, rn) in enumerate(zip(trial["losses"], reference["losses"],
+                                                trial["grad_norms"], reference["grad_norms"])):
+        if first_step is not None:
+            break
+        if not _rel(tl, rl) <= tol.loss_rel:
+            first_step, first_metric = step, "loss"
+        elif not _rel(tn, rn) <= tol.grad_norm_rel:
+            first_step, first_metric = step, "grad_norm"
+    diffs = _diffs(trial, reference)
+    final = len(reference["losses"]) - 1
+    missing = sorted(set(reference["fingerprint"]) ^ set(trial["fingerprint"]))
+    if first_step is None and not diffs["param"] <= tol.param_rel:
+        first_step, first_metric = final, "parameters" if not missing else f"parameters ({len(missing)} differ in name)"
+    if first_step is None and not result.replica_max_abs_diff <= tol.replica_abs:
+        first_step, first_metric = final, "replicas"
+    return {
+        "passed": first_step is None,
+        "first_fail_step": first_step,
+        "first_fail_metric": first_metric,
+        "max_loss_rel_diff": diffs["loss"],
+        "max_grad_norm_rel_diff": diffs["grad_norm"],
+        "max_fingerprint_rel_diff": diffs["param"],
+        "replica_max_abs_diff": result.replica_max_abs_diff,
+        "tolerance": asdict(tol),
+    }
