@@ -1,0 +1,89 @@
+"""Layout arithmetic from tables: splits, microbatch counts, schedules, recompute groups."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer import layout
+
+
+@pytest.mark.parametrize("n_layers,n_stages,kw,expected", [
+    (4, 1, {}, [[0, 1, 2, 3]]),
+    (4, 2, {}, [[0, 1], [2, 3]]),
+    (5, 2, {}, [[0, 1, 2], [3, 4]]),
+    (7, 3, {}, [[0, 1], [2, 3, 4], [5, 6]]),  # the remainder goes to the middle stage
+    (10, 4, {}, [[0, 1], [2, 3, 4], [5, 6, 7], [8, 9]]),
+    (4, 2, {"explicit": (1, 3)}, [[0], [1, 2, 3]]),
+    (6, 3, {"first": 1, "last": 1}, [[0], [1, 2, 3, 4], [5]]),
+    (8, 4, {"first": 2, "last": 0}, [[0, 1], [2, 3], [4, 5], [6, 7]]),
+    (10, 4, {"first": 2, "last": 2}, [[0, 1], [2, 3, 4], [5, 6, 7], [8, 9]]),
+    (4, 2, {"first": 1, "last": 3}, [[0], [1, 2, 3]]),
+])
+def test_split_layers(n_layers, n_stages, kw, expected):
+    stages = layout.split_layers(n_layers, n_stages, **kw)
+    assert stages == expected
+    flat = [lid for s in stages for lid in s]
+    assert flat == list(range(n_layers))  # every layer exactly once, in order
+
+
+@pytest.mark.parametrize("n_layers,n_stages,kw,field", [
+    (3, 4, {}, "model.n_layers"),
+    (4, 2, {"explicit": (1, 2)}, "pipeline.split.layers"),
+    (4, 2, {"explicit": (1, 2, 1)}, "pipeline.split.layers"),
+    (4, 2, {"explicit": (0, 4)}, "pipeline.split"),
+    (9, 4, {"first": 2, "last": 2}, "pipeline.split"),  # 5 layers over 2 middle stages
+    (4, 1, {"first": 1}, "pipeline.split.first"),
+    (4, 2, {"first": -1}, "pipeline.split.first"),
+])
+def test_split_errors_name_the_field(n_layers, n_stages, kw, field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        layout.split_layers(n_layers, n_stages, **kw)
+
+
+@pytest.mark.parametrize("gb,mbs,dp,expected", [(8, 1, 1, 8), (8, 2, 2, 2), (1920, 1, 80, 24), (1920, 2, 80, 12)])
+def test_microbatch_count(gb, mbs, dp, expected):
+    assert layout.num_microbatches(gb, mbs, dp) == expected
+
+
+@pytest.mark.parametrize("gb,mbs,dp", [(8, 3, 1), (10, 2, 3), (1920, 7, 80)])
+def test_indivisible_batch_is_refused(gb, mbs, dp):
+    with pytest.raises(ValueError, match="batch.global_batch"):
+        layout.num_microbatches(gb, mbs, dp)
+
+
+@pytest.mark.parametrize("schedule,pp,v,n_micro,field", [
+    ("1f1b", 4, 1, 2, "pipeline.schedule=1f1b needs at least"),
+    ("interleaved_1f1b", 2, 1, 4, "pipeline.virtual_stages"),
+    ("interleaved_1f1b", 2, 2, 3, "multiple"),
+    ("1f1b", 2, 2, 4, "pipeline.virtual_stages"),
+    ("zb", 2, 1, 4, "pipeline.schedule"),
+])
+def test_schedule_requirements(schedule, pp, v, n_micro, field):
+    with pytest.raises(ValueError, match=field):
+        layout.check_schedule(schedule, pp, v, n_micro)
+
+
+def test_gpipe_accepts_fewer_microbatches_than_stages():
+    layout.check_schedule("gpipe", 4, 1, 2)
+
+
+def test_world_size_check():
+    layout.check_world_size(2, 2, 4)
+    with pytest.raises(ValueError, match=r"parallel\.pp x parallel\.dp"):
+        layout.check_world_size(2, 2, 2)
+
+
+@pytest.mark.parametrize("pp_rank,pp,v,expected", [(0, 2, 1, [0]), (1, 2, 2, [1, 3]), (0, 4, 2, [0, 4])])
+def test_stage_ids_loop_placement(pp_rank, pp, v, expected):
+    assert layout.stage_ids_for_rank(pp_rank, pp, v) == expected
+
+
+@pytest.mark.parametrize("ids,method,n,expected", [
+    ([0, 1, 2, 3], "uniform", 1, [([0], True), ([1], True), ([2], True), ([3], True)]),
+    ([0, 1, 2, 3], "uniform", 2, [([0, 1], True), ([2, 3], True)]),
+    ([4, 5, 6], "uniform", 2, [([4, 5], True), ([6], True)]),
+    ([0, 1, 2, 3], "block", 1, [([0], True), ([1], False), ([2], False), ([3], False)]),
+    ([0, 1], "block", 3, [([0], True), ([1], True)]),
+])
+def test_recompute_groups(ids, method, n, expected):
+    assert layout.recompute_groups(ids, method, n) == expected
