@@ -98,7 +98,7 @@ def _train(cfg: TrainConfig, groups: Groups) -> RankResult:
     par = parallelize(cfg, groups, device, loss_fn)
     params = [p for c in par.chunks for p in c.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
-                            weight_decay=cfg.optim.weight_decay, foreach=False)
+                            weight_decay=cfg.optim.weight_decay)
     corpus = open_corpus(cfg.data, cfg.model.vocab_size)
     measured = list(range(cfg.run.warmup_steps, cfg.run.steps))
     clock = PhaseClock(device, set(measured[:cfg.run.timeline_steps]))

@@ -1,0 +1,62 @@
+"""One-shot GPU benchmark: a ~1.2B GPT in bf16 on one GPU, MFU against the declared datasheet peak.
+
+    .venv/bin/python bench/gpu_h200.py            # on a machine with one H200 (or H100/A100/B200)
+
+Prepared to run as one command when a GPU is lent (goal: MFU >= 50% on an H200). Each row is a real run
+of examples/gpt1b.yaml with the overrides shown; results go to bench/results/gpu_<device>.md.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainer.config import TrainConfig, apply_overrides  # noqa: E402
+from trainer.launch import spawn_many  # noqa: E402
+
+ROWS = {
+    "mbs 4, no recompute": {},
+    "mbs 2, no recompute": {"batch.micro_batch_size": 2},
+    "mbs 8, no recompute": {"batch.micro_batch_size": 8},
+    "mbs 4, selective core_attn": {"recompute.kind": "selective"},
+    "mbs 4, full recompute": {"recompute.kind": "full"},
+}
+
+
+def main() -> None:
+    if not torch.cuda.is_available():
+        sys.exit("no CUDA device: this benchmark needs a GPU")
+    name = torch.cuda.get_device_name(0)
+    base = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples/gpt1b.yaml").read_text())
+    cfgs = [TrainConfig.from_dict(apply_overrides(base, o)) for o in ROWS.values()]
+    t0 = time.time()
+    results = spawn_many(cfgs)
+    lines = ["| config | step time (s) | tokens/s | MFU | HFU | peak allocated (GiB) |", "|---|---|---|---|---|---|"]
+    for row, r in zip(ROWS, results):
+        if isinstance(r, Exception):
+            lines.append(f"| {row} | failed: {str(r)[:200]} |||||")
+            continue
+        s = r.summary
+        mfu = f"{s.mfu:.1%}" if s.mfu is not None else "n/a"
+        hfu = f"{s.hfu:.1%}" if s.hfu is not None else "n/a"
+        lines.append(f"| {row} | {s.step_time_s:.3f} | {s.tokens_per_s:,.0f} | {mfu} | {hfu} | "
+                     f"{s.peak_memory_bytes / 2**30:.1f} |")
+    ok = [r for r in results if not isinstance(r, Exception)]
+    text = "\n".join([f"# GPU benchmark: {name}", "",
+                      "Command: `.venv/bin/python bench/gpu_h200.py` (examples/gpt1b.yaml, bf16 autocast, 1 GPU)", "",
+                      *lines, "", f"Peak basis: {ok[0].summary.peak_basis if ok else 'n/a'}.",
+                      f"torch {torch.__version__}; wall time {time.time() - t0:.0f} s.", ""])
+    print(text)
+    out = Path(__file__).resolve().parent / "results" / f"gpu_{name.replace(' ', '_')}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
