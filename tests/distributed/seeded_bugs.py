@@ -1,0 +1,99 @@
+"""Seeded bugs for the parity gate: test-only injections, applied inside spawned ranks (``setup``).
+
+None of them is an option a user could turn on; each patches a trainer internal in that process only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+def bug_loss_not_divided_by_microbatches():
+    import trainer.run as run
+
+    orig = run.token_loss
+    run.token_loss = lambda logits, target, n: orig(logits, target, target.numel())
+
+
+def bug_drop_one_microbatch():
+    import trainer.run as run
+
+    orig, calls = run.token_loss, [0]
+
+    def loss(logits, target, n):
+        calls[0] += 1
+        out = orig(logits, target, n)
+        return out * 0 if calls[0] % 4 == 0 else out  # the last of the 4 microbatches contributes nothing
+    run.token_loss = loss
+
+
+def bug_skip_dp_sync_on_stage1():
+    if int(os.environ["RANK"]) < 2:  # pp x dp = 2 x 2: ranks 2 and 3 hold stage 1
+        return
+    import trainer.grad_sync as gs
+
+    class _Done:
+        def wait(self):
+            return None
+
+    def launch(self, bucket):
+        bucket.launched_at = time.perf_counter()
+        self.first_launch = self.first_launch or bucket.launched_at
+        bucket.work = _Done()
+        bucket.buffer.mul_(self.size)  # finish() divides by dp: keep the local gradient as is
+    gs.GradReducer._launch = launch
+
+
+def bug_layer_on_two_stages():
+    import trainer.layout as layout
+
+    layout.split_layers = lambda n, s, **kw: [[0, 1], [1, 2, 3]]
+
+
+def bug_layer_on_no_stage():
+    import trainer.layout as layout
+
+    layout.split_layers = lambda n, s, **kw: [[0], [2, 3]]
+
+
+def bug_replicas_diverge():
+    import trainer.grad_sync as gs
+
+    orig = gs.GradReducer.finish
+
+    def finish(self):
+        # One replica throws away the reduced gradient of the last bucket (the embedding's) and keeps
+        # its own: a DP wrapper that does not synchronise under the schedule.
+        import torch.distributed as dist
+        last = self.buckets[-1]
+        local = last.buffer.clone()
+        out = orig(self)
+        if dist.get_rank(self.group) == 1:
+            last.buffer.copy_(local)
+        return out
+    gs.GradReducer.finish = finish
+
+
+def bug_lr_plus_one_percent():
+    import trainer.run as run
+
+    orig = run._set_lr
+
+    def set_lr(opt, cfg, step):
+        orig(opt, cfg, step)
+        for g in opt.param_groups:
+            g["lr"] *= 1.01
+    run._set_lr = set_lr
+
+
+# (bug, layout overrides, first failing step it must be caught at, metric that catches it)
+BUGS = [
+    (bug_loss_not_divided_by_microbatches, {"parallel.pp": 2}, 0, "loss"),
+    (bug_drop_one_microbatch, {"parallel.pp": 2}, 0, "loss"),
+    (bug_layer_on_two_stages, {"parallel.pp": 2}, 0, "loss"),
+    (bug_layer_on_no_stage, {"parallel.pp": 2}, 0, "loss"),
+    (bug_lr_plus_one_percent, {"parallel.pp": 2}, 1, "loss"),
+    (bug_replicas_diverge, {"parallel.dp": 2, "batch.micro_batch_size": 1, "data_parallel.bucket_mb": 0.01,
+                           "data_parallel.overlap_grad_reduce": False}, 1, "loss"),
+    (bug_skip_dp_sync_on_stage1, {"parallel.pp": 2, "parallel.dp": 2, "batch.micro_batch_size": 1}, 0, "grad_norm"),
+]
