@@ -1,0 +1,218 @@
+"""Fit the efficiency parameters to measured runs; report the fit error per metric.
+
+A record is a mapping holding a config and what was measured:
+
+* the config: ``config`` (or ``params``) as flat dotted knobs applied to ``base_cfg``, a full ``planner:``
+  mapping, or a ``PlanConfig``;
+* measurements, at the top level or under ``measured``: any of ``step_time_s``, the ``Prediction``
+  breakdown names (``forward_s``, ``dp_exposed_s``, ...), ``compute_track_s``, ``peak_memory_bytes``;
+  the trainer's ``Result`` shape works too (``summary.step_time_s``, ``summary.peak_memory_bytes``,
+  ``phases.<forward|backward|optimizer|dp_comm_wait|pipeline_idle>.max``).
+
+Residuals are relative errors, so a step time and a memory peak weigh alike; a weak pull towards the
+starting values keeps parameters the data cannot see where the preset put them. Solved with scipy's
+``least_squares`` when scipy is installed, else with a small Levenberg-Marquardt below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .cluster import Efficiency
+from .config import PlanConfig
+from .knobs import Consts, encode
+from .memory import stage_memory
+from .parse import apply_params, plan_config_from_dict
+from .timing import step_times
+
+BOUNDS: dict[str, tuple[float, float]] = {
+    "matmul_eff": (0.02, 0.99), "attention_eff": (0.02, 0.99), "tp_bw_eff": (0.02, 0.99),
+    "pp_bw_eff": (0.02, 0.99), "dp_bw_eff": (0.01, 0.99), "optimizer_bw_eff": (0.02, 0.99),
+    "tp_overlap": (0.0, 0.99), "gemm_tokens_half": (0.0, 1e5), "op_overhead_us": (0.0, 1e5),
+    "dp_overlap_microbatches": (0.0, 1e3), "mem_reserved_gb": (0.0, 100.0), "mem_activation_factor": (0.5, 4.0),
+}
+"""Fractions are fitted through a logit between their bounds; the rest through log(x + scale), so a
+parameter starting at 0 can still move."""
+_SCALE = {"gemm_tokens_half": 16.0, "op_overhead_us": 5.0, "dp_overlap_microbatches": 0.25, "mem_reserved_gb": 0.5,
+          "mem_activation_factor": 0.1}
+DEFAULT_FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "tp_bw_eff", "dp_bw_eff",
+               "dp_overlap_microbatches", "mem_reserved_gb", "mem_activation_factor")
+TIME_METRICS = ("step_time_s", "forward_s", "backward_s", "recompute_s", "dp_exposed_s", "dp_total_s",
+                "pp_bubble_s", "pp_p2p_s", "tp_comm_s", "optimizer_s", "compute_track_s",
+                "backward_incl_recompute_s", "pp_idle_s")
+METRICS = TIME_METRICS + ("peak_memory_bytes",)
+_TRAINER_PHASES = {"forward": "forward_s", "backward": "backward_incl_recompute_s", "optimizer": "optimizer_s",
+                   "dp_comm_wait": "dp_exposed_s", "pipeline_idle": "pp_idle_s"}
+PRIOR_WEIGHT = 0.01
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Fitted efficiency parameters and how well the model then matches the measurements."""
+
+    efficiency: Efficiency
+    """The base config's efficiency with the fitted fields replaced."""
+    fitted: dict[str, float]
+    errors_before: dict[str, dict[str, float]]
+    """Per metric: n, mean_abs_pct, max_abs_pct, with the starting parameters."""
+    errors_after: dict[str, dict[str, float]]
+    """The same after the fit."""
+    n_records: int
+    solver: str
+
+    def apply(self, cfg: PlanConfig) -> PlanConfig:
+        return dataclasses.replace(cfg, efficiency=self.efficiency)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _metrics(record: Mapping[str, Any]) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for source in (record.get("summary", {}), record.get("measured", {}), record):
+        for name in METRICS:
+            if name in source and name not in found and source[name] is not None:
+                found[name] = float(source[name])
+    for phase, name in _TRAINER_PHASES.items():
+        value = record.get("phases", {}).get(phase)
+        if isinstance(value, Mapping):
+            value = value.get("max")
+        if value is not None and name not in found:
+            found[name] = float(value)
+    return found
+
+
+def _config(record: Mapping[str, Any], base: PlanConfig, i: int) -> PlanConfig:
+    cfg = record.get("config", record.get("params", {}))
+    if isinstance(cfg, PlanConfig):
+        return cfg
+    if not isinstance(cfg, Mapping):
+        raise ValueError(f"records[{i}].config: expected knobs, a planner mapping or a PlanConfig")
+    if {"cluster", "model", "job"} & set(cfg):
+        return plan_config_from_dict(cfg, where=f"records[{i}].config")
+    try:
+        return apply_params(base, cfg)
+    except ValueError as err:
+        raise ValueError(f"records[{i}].config.{err}") from None
+
+
+def _evaluate(cfg: PlanConfig, knobs: Any, eff: Efficiency) -> dict[str, float]:
+    C = Consts.of(cfg, eff)
+    t = {k: float(v[0]) for k, v in step_times(C, knobs).items()}
+    t["backward_incl_recompute_s"] = t["backward_s"] + t["recompute_s"]
+    t["pp_idle_s"] = t["pp_bubble_s"] + t["pp_p2p_s"]
+    t["peak_memory_bytes"] = float(stage_memory(C, knobs)["peak"][0])
+    return t
+
+
+def _to_z(name: str, x: float) -> float:
+    lo, hi = BOUNDS[name]
+    if hi <= 1.0:
+        u = min(max((x - lo) / (hi - lo), 1e-9), 1 - 1e-9)
+        return float(np.log(u / (1 - u)))
+    return float(np.log(min(max(x, lo), hi) + _SCALE[name]))
+
+
+def _from_z(name: str, z: float) -> float:
+    lo, hi = BOUNDS[name]
+    if hi <= 1.0:
+        return float(lo + (hi - lo) / (1.0 + np.exp(-z)))
+    return float(np.clip(np.exp(z) - _SCALE[name], lo, hi))
+
+
+def _errors(rows: list[tuple[dict[str, float], dict[str, float]]]) -> dict[str, dict[str, float]]:
+    by_metric: dict[str, list[float]] = {}
+    for pred, meas in rows:
+        for name, value in meas.items():
+            if value != 0:
+                by_metric.setdefault(name, []).append(100.0 * (pred[name] - value) / abs(value))
+    return {name: {"n": len(e), "mean_abs_pct": float(np.mean(np.abs(e))), "max_abs_pct": float(np.max(np.abs(e)))}
+            for name, e in sorted(by_metric.items())}
+
+
+def calibrate(records: Sequence[Mapping[str, Any]], base_cfg: PlanConfig, fit: Sequence[str] | None = None,
+              weights: Mapping[str, float] | None = None, use_scipy: bool = True,
+              prior_weight: float = PRIOR_WEIGHT) -> Calibration:
+    """Fit ``fit`` (default ``DEFAULT_FIT``) efficiency fields so predictions match ``records``.
+
+    ``weights`` scales a metric's residuals; ``prior_weight`` is the pull towards the starting values
+    (in the fitted coordinates), 0 for a pure least-squares fit.
+    """
+    if not records:
+        raise ValueError("records: need at least one measured record")
+    names = tuple(fit or DEFAULT_FIT)
+    for name in names:
+        if name not in BOUNDS:
+            raise ValueError(f"fit: {name!r} is not a fittable efficiency field; choose from {', '.join(BOUNDS)}")
+    weights = dict(weights or {})
+    prepared = []
+    for i, rec in enumerate(records):
+        meas = _metrics(rec)
+        if not meas:
+            raise ValueError(f"records[{i}]: no measured metric; give any of {', '.join(METRICS)}")
+        cfg = _config(rec, base_cfg, i)
+        prepared.append((cfg, encode([cfg]), meas))
+    eff0 = base_cfg.efficiency
+    z0 = np.array([_to_z(n, getattr(eff0, n)) for n in names])
+
+    def eff_of(z: np.ndarray) -> Efficiency:
+        return dataclasses.replace(eff0, **{n: _from_z(n, v) for n, v in zip(names, z)})
+
+    def residuals(z: np.ndarray) -> np.ndarray:
+        eff = eff_of(z)
+        out = []
+        for cfg, knobs, meas in prepared:
+            pred = _evaluate(cfg, knobs, eff)
+            floor = 0.02 * meas.get("step_time_s", 0.0) or 1e-3
+            for name, value in meas.items():
+                denom = max(abs(value), floor) if name != "peak_memory_bytes" else abs(value)
+                out.append(weights.get(name, 1.0) * (pred[name] - value) / denom)
+        out.extend(prior_weight * (z - z0))
+        return np.asarray(out)
+
+    solver = "scipy.optimize.least_squares" if use_scipy and _scipy_solver() else "levenberg-marquardt (numpy)"
+    z = _scipy_solver()(residuals, z0) if solver.startswith("scipy") else _levenberg_marquardt(residuals, z0)
+    eff = eff_of(z)
+    before = [(_evaluate(c, k, eff0), m) for c, k, m in prepared]
+    after = [(_evaluate(c, k, eff), m) for c, k, m in prepared]
+    return Calibration(efficiency=eff, fitted={n: getattr(eff, n) for n in names}, errors_before=_errors(before),
+                       errors_after=_errors(after), n_records=len(prepared), solver=solver)
+
+
+def _scipy_solver() -> Callable | None:
+    try:
+        from scipy.optimize import least_squares
+    except ImportError:
+        return None
+    return lambda f, z0: least_squares(f, z0, method="lm", xtol=1e-12, ftol=1e-12, max_nfev=4000).x
+
+
+def _levenberg_marquardt(f: Callable[[np.ndarray], np.ndarray], z: np.ndarray, iters: int = 200) -> np.ndarray:
+    """Minimise ||f(z)||^2: damped Gauss-Newton steps, forward-difference Jacobian."""
+    r = f(z)
+    cost, lam = float(r @ r), 1e-3
+    for _ in range(iters):
+        J = np.empty((len(r), len(z)))
+        for j in range(len(z)):
+            dz = np.zeros_like(z)
+            dz[j] = 1e-6 * max(1.0, abs(z[j]))
+            J[:, j] = (f(z + dz) - r) / dz[j]
+        g, H = J.T @ r, J.T @ J
+        improved = False
+        while lam < 1e12:
+            step = np.linalg.solve(H + lam * np.diag(np.diag(H) + 1e-12), -g)
+            r_new = f(z + step)
+            cost_new = float(r_new @ r_new)
+            if cost_new < cost:
+                z, r, lam, improved = z + step, r_new, max(lam / 3.0, 1e-12), True
+                converged = cost - cost_new < 1e-14 * max(cost, 1e-30)
+                cost = cost_new
+                break
+            lam *= 4.0
+        if not improved or converged or np.linalg.norm(g) < 1e-12:
+            break
+    return z

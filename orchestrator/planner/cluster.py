@@ -1,0 +1,176 @@
+"""What the planner is told about the hardware, the model, the job, and how efficiently code runs on it.
+
+These four specs are the fixed context of a plan: nothing in them is a throughput knob. Units in field
+names are the ones a preset is written in (TFLOP/s, GB = 1e9 bytes, GB/s, microseconds); the ``*_si``
+properties give plain SI values to the formulas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .checks import check_bool, check_int, check_num
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A homogeneous GPU cluster: per-GPU compute and memory, and two tiers of network."""
+
+    name: str = "cluster"
+    """Free text, shown in reports."""
+    num_gpus: int = 8
+    """GPUs in the job; tp * pp * dp must equal it."""
+    gpus_per_node: int = 8
+    """GPUs sharing the fast intra-node fabric (NVLink domain); tensor parallelism up to this size stays on it."""
+    peak_tflops: float = 989.0
+    """Dense BF16 peak per GPU (vendor figure). MFU is quoted against it."""
+    hbm_gb: float = 80.0
+    """GPU memory per GPU, GB (1e9 bytes). A config fits when its peak stage needs no more than this."""
+    hbm_bw_GBps: float = 3350.0
+    """HBM bandwidth per GPU; prices the memory-bound optimizer step."""
+    intra_node_bw_GBps: float = 450.0
+    """Intra-node bandwidth per GPU per direction (NVLink), GB/s."""
+    intra_node_latency_us: float = 3.0
+    """Per-hop latency on the intra-node fabric (alpha of the alpha-beta model)."""
+    inter_node_bw_GBps: float = 50.0
+    """Inter-node bandwidth per GPU per direction (the node's NIC bandwidth divided by its GPUs), GB/s."""
+    inter_node_latency_us: float = 8.0
+    """Per-hop latency between nodes."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("name: must be a non-empty string")
+        check_int(self, "num_gpus", 1)
+        check_int(self, "gpus_per_node", 1)
+        for f in ("peak_tflops", "hbm_gb", "hbm_bw_GBps", "intra_node_bw_GBps", "inter_node_bw_GBps"):
+            check_num(self, f, lo=0.0, lo_open=True)
+        check_num(self, "intra_node_latency_us", lo=0.0)
+        check_num(self, "inter_node_latency_us", lo=0.0)
+
+    @property
+    def peak_flops(self) -> float:
+        return self.peak_tflops * 1e12
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.hbm_gb * 1e9
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A dense GPT decoder (Megatron's GPT: pre-LayerNorm blocks, MHA, two-matrix MLP, separate LM head)."""
+
+    num_layers: int = 24
+    """Transformer blocks."""
+    hidden_size: int = 2048
+    """Model width h."""
+    num_heads: int = 16
+    """Attention heads a; must divide h and be divisible by tp."""
+    ffn_hidden_size: int = 0
+    """MLP inner width; 0 means 4h (the GPT default the Korthikanti et al. formulas assume)."""
+    vocab_size: int = 51200
+    """Vocabulary V (padded as the run pads it)."""
+    tied_embeddings: bool = False
+    """Input embedding and LM head share weights. Either way the last stage holds an LM-head matrix
+    (Megatron keeps a copy there when pp > 1); tying only changes the parameter count."""
+    flash_attention: bool = True
+    """Fused attention (FlashAttention / TE): no s*s score tensors are stored, and causal masking skips
+    half the score FLOPs. False models the 2021-22 unfused kernels (Korthikanti et al.'s 5as^2b term)."""
+
+    def __post_init__(self) -> None:
+        for f in ("num_layers", "hidden_size", "num_heads", "vocab_size"):
+            check_int(self, f, 1)
+        check_int(self, "ffn_hidden_size", 0)
+        check_bool(self, "tied_embeddings")
+        check_bool(self, "flash_attention")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"num_heads: {self.num_heads} does not divide hidden_size {self.hidden_size}")
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def params_per_layer(self) -> int:
+        """4h^2 (QKV + projection) + 2h*ffn (MLP) + biases and two LayerNorms (9h + ffn).
+
+        With ffn = 4h this is Narayanan et al. (2021) eq. 2's per-layer 12h^2 + 13h.
+        """
+        h, f = self.hidden_size, self.ffn
+        return 4 * h * h + 2 * h * f + 9 * h + f
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def total_params(self) -> int:
+        head = 0 if self.tied_embeddings else self.embedding_params
+        return self.num_layers * self.params_per_layer + self.embedding_params + head + 2 * self.hidden_size
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """The fixed work of one update. Changing either field changes the training run, not its speed."""
+
+    global_batch: int = 512
+    """Sequences per update (fixed: microbatching must divide it, never grow it)."""
+    seq_len: int = 2048
+    """Tokens per sequence."""
+
+    def __post_init__(self) -> None:
+        check_int(self, "global_batch", 1)
+        check_int(self, "seq_len", 1)
+
+    @property
+    def tokens(self) -> int:
+        return self.global_batch * self.seq_len
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """How close the software gets to the hardware: the calibrated parameters of the model.
+
+    Defaults are priors, not measurements; ``calibrate`` fits them to measured runs, and a preset
+    states where its values come from.
+    """
+
+    matmul_eff: float = 0.6
+    """Fraction of peak FLOP/s that large transformer GEMMs achieve."""
+    gemm_tokens_half: float = 256.0
+    """Tokens per microbatch (b*s) at which GEMM efficiency is half of matmul_eff: small microbatches
+    give skinny GEMMs (Narayanan et al. 2021, Sec. 5.5: arithmetic intensity grows with microbatch size)."""
+    attention_eff: float = 0.4
+    """Fraction of peak that the attention core (QK^T, softmax, AV) achieves."""
+    op_overhead_us: float = 0.0
+    """Fixed cost per layer per pass (kernel launches, synchronisation), microseconds."""
+    tp_bw_eff: float = 0.7
+    """Achieved fraction of link bandwidth for tensor-parallel collectives."""
+    tp_overlap: float = 0.0
+    """Fraction of tensor-parallel communication hidden under GEMMs (TE userbuffer overlap); 0 = none."""
+    pp_bw_eff: float = 0.7
+    """Achieved fraction of link bandwidth for pipeline point-to-point sends."""
+    dp_bw_eff: float = 0.7
+    """Achieved fraction of link bandwidth for data-parallel collectives when every replica group
+    communicates at once (fabric contention lowers it at scale)."""
+    dp_overlap_microbatches: float = 1.0
+    """Microbatch passes of the critical stage available to hide data-parallel traffic: gradient buckets
+    are reduced under the last k backward passes, parameters gathered under the first k forward passes.
+    Megatron's 1F1B schedule enables gradient sync only in the last microbatch (k = 1); fit it to a
+    measured timeline otherwise."""
+    optimizer_bw_eff: float = 0.5
+    """Achieved fraction of HBM bandwidth in the (memory-bound) optimizer step."""
+    mem_reserved_gb: float = 5.0
+    """Per-GPU memory outside the model: CUDA context, NCCL and cuBLAS workspaces, allocator slack."""
+    mem_activation_factor: float = 1.0
+    """Multiplier on the Korthikanti et al. activation bytes (allocator fragmentation, small tensors)."""
+
+    def __post_init__(self) -> None:
+        for f in ("matmul_eff", "attention_eff", "tp_bw_eff", "pp_bw_eff", "dp_bw_eff", "optimizer_bw_eff"):
+            check_num(self, f, lo=0.0, hi=1.0, lo_open=True)
+        check_num(self, "tp_overlap", lo=0.0, hi=1.0)
+        check_num(self, "gemm_tokens_half", lo=0.0)
+        check_num(self, "op_overhead_us", lo=0.0)
+        check_num(self, "dp_overlap_microbatches", lo=0.0)
+        check_num(self, "mem_reserved_gb", lo=0.0)
+        check_num(self, "mem_activation_factor", lo=0.5, hi=4.0)

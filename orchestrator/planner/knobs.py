@@ -1,0 +1,164 @@
+"""Plans as numbers: the fixed context as scalars, the knobs as numpy arrays (one entry per config).
+
+The timing and memory formulas are written once, over these arrays: ``predict`` evaluates one config
+(arrays of length 1), the enumerator evaluates millions at a time, and both give identical numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .config import FullRecompute, PlanConfig, SelectiveRecompute
+
+SCHED_CODE = {"gpipe": 0, "1f1b": 1, "interleaved_1f1b": 2}
+RC_CODE = {"none": 0, "selective": 1, "full": 2}
+
+
+@dataclass(frozen=True)
+class Consts:
+    """Scalars every config of a batch shares: hardware, model, job, efficiency, parallel degrees."""
+
+    h: int
+    a: int
+    ffn: int
+    L: int
+    V: int
+    s: int
+    gbs: int
+    t: int
+    p: int
+    d: int
+    sp: bool
+    flash: bool
+    peak: float
+    hbm: float
+    hbm_bw: float
+    bw_tp: float
+    lat_tp: float
+    bw_pp: float
+    lat_pp: float
+    bw_dp: float
+    lat_dp: float
+    params_per_layer: int
+    total_params: int
+    tied: bool
+    num_gpus: int
+    eff: object
+
+    @classmethod
+    def of(cls, cfg: PlanConfig, eff: object | None = None) -> "Consts":
+        c, m, par = cfg.cluster, cfg.model, cfg.parallel
+        e = cfg.efficiency if eff is None else eff
+        intra = (c.intra_node_bw_GBps * 1e9, c.intra_node_latency_us * 1e-6)
+        inter = (c.inter_node_bw_GBps * 1e9, c.inter_node_latency_us * 1e-6)
+        gpn = c.gpus_per_node
+        # Megatron's rank order is tp fastest, then dp, then pp: a TP group is tp consecutive ranks, a DP
+        # group spans tp*dp ranks, and a pipeline spans all of them.
+        tp_link = intra if par.tp <= gpn else inter
+        dp_link = intra if par.tp * par.dp <= gpn else inter
+        pp_link = intra if par.tp * par.dp * par.pp <= gpn else inter
+        return cls(
+            h=m.hidden_size, a=m.num_heads, ffn=m.ffn, L=m.num_layers, V=m.vocab_size, s=cfg.job.seq_len,
+            gbs=cfg.job.global_batch, t=par.tp, p=par.pp, d=par.dp, sp=par.sequence_parallel and par.tp > 1,
+            flash=m.flash_attention, peak=c.peak_flops, hbm=c.hbm_bytes, hbm_bw=c.hbm_bw_GBps * 1e9,
+            bw_tp=tp_link[0] * e.tp_bw_eff, lat_tp=tp_link[1], bw_pp=pp_link[0] * e.pp_bw_eff,
+            lat_pp=pp_link[1], bw_dp=dp_link[0] * e.dp_bw_eff, lat_dp=dp_link[1],
+            params_per_layer=m.params_per_layer, total_params=m.total_params, tied=m.tied_embeddings,
+            num_gpus=c.num_gpus, eff=e,
+        )
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Per-config knob values; ``layers`` is (n_configs, pp), the rest (n_configs,)."""
+
+    b: np.ndarray
+    m: np.ndarray
+    sched: np.ndarray
+    v: np.ndarray
+    layers: np.ndarray
+    rc: np.ndarray
+    rc_block: np.ndarray
+    rc_n: np.ndarray
+    sel_attn: np.ndarray
+    sel_mlp: np.ndarray
+    sel_norm: np.ndarray
+    ogr: np.ndarray
+    opg: np.ndarray
+    dist: np.ndarray
+    bucket_mb: np.ndarray
+    grad_bytes: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.b)
+
+
+def encode(cfgs: Sequence[PlanConfig]) -> Knobs:
+    """Knob arrays for validated configs (they must share parallel degrees)."""
+    rows = []
+    for cfg in cfgs:
+        rc, pipe, dp = cfg.recompute, cfg.pipeline, cfg.data_parallel
+        mods = rc.modules if isinstance(rc, SelectiveRecompute) else ()
+        rows.append((
+            cfg.batch.micro_batch_size, cfg.microbatches, SCHED_CODE[pipe.schedule], pipe.virtual_stages,
+            RC_CODE[rc.kind], isinstance(rc, FullRecompute) and rc.method == "block",
+            rc.num_layers if isinstance(rc, FullRecompute) else 0,
+            "core_attn" in mods, "mlp" in mods, "norm" in mods,
+            dp.overlap_grad_reduce, dp.overlap_param_gather, dp.distributed_optimizer, dp.bucket_mb,
+            4.0 if dp.grad_reduce_dtype == "fp32" else 2.0,
+        ))
+    cols = list(zip(*rows))
+    i = lambda k: np.asarray(cols[k], dtype=np.int64)  # noqa: E731
+    bl = lambda k: np.asarray(cols[k], dtype=bool)  # noqa: E731
+    return Knobs(
+        b=i(0), m=i(1), sched=i(2), v=i(3), layers=np.asarray([c.stage_layers for c in cfgs], dtype=np.int64),
+        rc=i(4), rc_block=bl(5), rc_n=i(6), sel_attn=bl(7), sel_mlp=bl(8), sel_norm=bl(9),
+        ogr=bl(10), opg=bl(11), dist=bl(12), bucket_mb=np.asarray(cols[13], dtype=float),
+        grad_bytes=np.asarray(cols[14], dtype=float),
+    )
+
+
+def stage_params(C: Consts, K: Knobs) -> np.ndarray:
+    """Parameters held per GPU of each stage, (n, pp).
+
+    Layers split over tp; the first stage adds the input embedding, the last the LM head (Megatron keeps
+    a copy of a tied embedding there when pp > 1) and the final LayerNorm.
+    """
+    emb = C.V * C.h / C.t
+    P = K.layers * (C.params_per_layer / C.t)
+    P[:, 0] += emb
+    if C.p > 1 or not C.tied:
+        P[:, -1] += emb
+    P[:, -1] += 2 * C.h
+    return P
+
+
+def chunk_layers(K: Knobs) -> np.ndarray:
+    """Layers per model chunk (a stage's layers over its virtual stages), (n, pp)."""
+    return K.layers // K.v[:, None]
+
+
+def in_flight(C: Consts, K: Knobs) -> np.ndarray:
+    """Model-chunk microbatches whose activations a stage holds at its peak, (n, pp).
+
+    GPipe: all m. 1F1B: p - s on stage s (Narayanan et al. 2021 Sec. 2.2.1). Interleaved: Megatron's
+    warm-up count 2(p - s - 1) + (v - 1)p, plus the one in progress, capped at m*v chunk passes; on stage 0
+    that is Korthikanti et al.'s p * (1 + (p - 1)/(p v)) microbatches' worth of layers.
+    """
+    s = np.arange(C.p)[None, :]
+    m, v = K.m[:, None], K.v[:, None]
+    one_f = np.minimum(C.p - s, m)
+    inter = np.minimum(2 * (C.p - s - 1) + (v - 1) * C.p + 1, m * v)
+    return np.where(K.sched[:, None] == 0, m, np.where(K.sched[:, None] == 2, inter, one_f))
+
+
+def recomputed_layers(K: Knobs) -> np.ndarray:
+    """Layers whose forward runs twice under full recompute, per stage (n, pp)."""
+    lc = chunk_layers(K)
+    block = K.v[:, None] * np.minimum(K.rc_n[:, None], lc)
+    full = np.where(K.rc_block[:, None], block, K.layers)
+    return np.where(K.rc[:, None] == 2, full, 0)

@@ -1,0 +1,91 @@
+"""Peak memory per pipeline stage, and the out-of-memory pre-filter.
+
+* Model state, bytes per parameter (Megatron distributed-optimizer docs): bf16 weights 2, main gradients 4
+  (fp32) or 2 (bf16), optimizer 12 (fp32 master weights + Adam m and v), the 12 divided over dp with the
+  distributed optimizer: 6 + 12/d for bf16 weights / fp32 gradients, 18 without (the docs' table).
+* Activations of one layer for one microbatch (Korthikanti et al. 2022, "Reducing Activation Recomputation
+  in Large Transformer Models", eq. 1-2, generalised to an MLP width f): s b h (10 + 24/t) + 5 a s^2 b / t
+  bytes with f = 4h, i.e. 10 s b h replicated over the tensor-parallel group (LayerNorm inputs, dropout
+  masks, the QKV and MLP inputs) + (8 s b h + 4 s b f) / t split by it + 5 a s^2 b / t of attention scores.
+  Sequence parallelism splits the replicated part too (34 s b h / t); fused attention stores no scores.
+  Selective recompute drops: core_attn the score term, mlp the 4 s b f / t MLP internals, norm the two
+  LayerNorm outputs (4 s b h). Full recompute keeps only each checkpointed layer input, 2 s b h
+  (/ t with sequence parallelism), and rebuilds one recompute group at a time during backward.
+* Microbatches held per stage: see ``knobs.in_flight`` (1F1B: p - s; interleaved: Korthikanti et al.
+  Sec. 4.2.3's (1 + (p-1)/(p v)) factor on stage 0; GPipe: all m).
+* The last stage also holds fp32 logits, 4 s b V / t bytes, for the microbatches in its loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .knobs import Consts, Knobs, chunk_layers, encode, in_flight, stage_params
+
+OPTIMIZER_BYTES = 12.0
+
+
+def activation_bytes(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
+    """Bytes per layer per microbatch (n,): everything, after selective drops, and a checkpoint."""
+    sb = (C.s * K.b).astype(float)
+    rep = C.t if C.sp else 1
+    replicated = 10.0 * sb * C.h / rep
+    split = (8.0 * sb * C.h + 4.0 * sb * C.ffn) / C.t
+    scores = 0.0 if C.flash else 5.0 * C.a * C.s * sb / C.t
+    full = replicated + split + scores
+    dropped = (np.where(K.sel_attn, scores, 0.0) + np.where(K.sel_mlp, 4.0 * sb * C.ffn / C.t, 0.0)
+               + np.where(K.sel_norm, 4.0 * sb * C.h / rep, 0.0))
+    return {"full": full, "selective": full - dropped, "ckpt": 2.0 * sb * C.h / rep}
+
+
+def stage_memory(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
+    """Per stage (n, pp) bytes by kind, their total, and per config the peak and whether it fits."""
+    e = C.eff
+    P = stage_params(C, K)
+    col = lambda x: x[:, None]  # noqa: E731
+    shard = np.where(col(K.dist), C.d, 1)
+    act = activation_bytes(C, K)
+    full, sel, ckpt = col(act["full"]), col(act["selective"]), col(act["ckpt"])
+    lc = chunk_layers(K).astype(float)
+    n = col(K.rc_n).astype(float)
+    kept_block = np.minimum(n, lc)
+    uniform_chunk = np.ceil(lc / np.maximum(n, 1.0)) * ckpt
+    block_chunk = kept_block * ckpt + (lc - kept_block) * full
+    per_chunk = np.where(col(K.rc) == 0, lc * full, np.where(
+        col(K.rc) == 1, lc * sel, np.where(col(K.rc_block), block_chunk, uniform_chunk)))
+    # One recompute group's full activations exist at once while its backward runs.
+    working = np.where(col(K.rc) == 2, np.where(col(K.rc_block), full * (kept_block > 0), kept_block * full), 0.0)
+    flight = in_flight(C, K).astype(float)
+    logits = np.zeros_like(P)
+    logits[:, -1] = 4.0 * C.s * K.b * C.V / C.t * np.ceil(flight[:, -1] / K.v)
+    activations = (flight * per_chunk + working + logits) * e.mem_activation_factor
+    parts = {
+        "params": 2.0 * P,
+        "grads": col(K.grad_bytes) * P,
+        "optimizer": OPTIMIZER_BYTES * P / shard,
+        "activations": activations,
+        "reserved": np.full_like(P, e.mem_reserved_gb * 1e9),
+    }
+    total = sum(parts.values())
+    peak = total.max(axis=1)
+    return {**parts, "total": total, "peak": peak, "peak_stage": total.argmax(axis=1), "fits": peak <= C.hbm}
+
+
+def predicts_oom(cfg, cluster=None) -> tuple[bool, str]:
+    """(True, why) when the config's peak stage needs more memory than a GPU has; (False, headroom) else.
+
+    ``cluster`` overrides the config's own cluster (same model, other hardware).
+    """
+    if cluster is not None:
+        cfg = dataclasses.replace(cfg, cluster=cluster)
+    mem = stage_memory(Consts.of(cfg), encode([cfg]))
+    s = int(mem["peak_stage"][0])
+    gb = lambda k: mem[k][0, s] / 1e9  # noqa: E731
+    need, have = mem["peak"][0] / 1e9, cfg.cluster.hbm_gb
+    detail = (f"params {gb('params'):.1f}, grads {gb('grads'):.1f}, optimizer {gb('optimizer'):.1f}, "
+              f"activations {gb('activations'):.1f}, reserved {gb('reserved'):.1f} GB")
+    if need > have:
+        return True, f"stage {s} needs {need:.1f} GB > {have:.1f} GB per GPU ({detail})"
+    return False, f"fits: stage {s} peaks at {need:.1f} of {have:.1f} GB ({detail})"

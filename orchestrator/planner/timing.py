@@ -1,0 +1,153 @@
+"""Update time: compute per layer, tensor/pipeline/data-parallel communication, pipeline schedule.
+
+Sources, per formula (also in docs/planner.md):
+
+* GEMM FLOPs of a layer's forward pass, 2 * tokens * (4h^2 + 2h*ffn) = 24 b s h^2 for ffn = 4h, and
+  attention scores 4 b s^2 h: Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU
+  Clusters Using Megatron-LM"), Appendix / eq. 3. Backward = 2x forward (same paper). Causal fused
+  attention skips half the score FLOPs and its backward is 2.5x its forward (Dao 2023, FlashAttention-2).
+* LM head: 2 b s V h forward (Narayanan et al. eq. 3's V/(16 l h) term), on the last stage only.
+* Collectives, alpha-beta ring model: reduce-scatter and all-gather move (n-1)/n of the buffer per GPU,
+  all-reduce 2(n-1)/n; each costs (n-1) hops of latency (Patarasuk & Yuan 2009; Thakur et al. 2005).
+* Tensor parallelism: per layer 2 all-reduces forward and 2 backward (Shoeybi et al. 2019); with sequence
+  parallelism each becomes an all-gather + reduce-scatter of the same volume, plus 2 all-gathers in the
+  backward pass for the weight gradients (Korthikanti et al. 2022, Sec. 4.2.2).
+* Pipeline: time = m * slowest stage + (sum of the other stages) / v, which is (m + (p-1)/v) * t_stage when
+  balanced: the bubble (p-1)/(v m) of Narayanan et al. Sec. 2.2. Point-to-point: 2 sends of b s h / t
+  (scatter/gather optimisation, Sec. 4.1) per microbatch per chunk on the critical path.
+* Data parallelism: buckets of the distributed optimizer's reduce-scatter / all-gather (Megatron
+  distributed optimizer docs) or all-reduce; with overlap, buckets become ready evenly over the overlap
+  window and are sent one after another, so the exposed tail is max(one bucket, total - window + one
+  window slice).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .knobs import Consts, Knobs, chunk_layers, recomputed_layers, stage_params
+
+TP_OPS_FWD = 4
+"""All-gather/reduce-scatter-sized collectives per layer forward (2 all-reduces = 4 of them)."""
+ATTN_BWD_FUSED = 2.5
+ATTN_BWD_UNFUSED = 2.0
+ADAM_BYTES = 26.0
+"""HBM bytes an Adam step moves per (sharded) parameter besides the gradient read: fp32 master, m, v
+read and written (24) and the bf16 parameter written back (2)."""
+
+
+def _ring(n: int, nbytes, bw: float, lat: float, factor: float = 1.0):
+    """Alpha-beta ring collective: factor*(n-1)/n of the buffer over the link, (n-1)*factor hops."""
+    if n <= 1:
+        return np.zeros_like(np.asarray(nbytes, dtype=float))
+    return factor * ((n - 1) / n * nbytes / bw + (n - 1) * lat)
+
+
+def layer_costs(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
+    """Per layer, per microbatch, per GPU: seconds of forward/backward compute and TP communication."""
+    e = C.eff
+    T = (K.b * C.s).astype(float)
+    eta = e.matmul_eff * T / (T + e.gemm_tokens_half)
+    gemm = 2.0 * T * (4 * C.h * C.h + 2 * C.h * C.ffn) / C.t / (C.peak * eta)
+    mlp = 2.0 * T * (2 * C.h * C.ffn) / C.t / (C.peak * eta)
+    attn = 4.0 * T * C.s * C.h * (0.5 if C.flash else 1.0) / C.t / (C.peak * e.attention_eff)
+    tp_op = _ring(C.t, 2.0 * T * C.h, C.bw_tp, C.lat_tp) * (1.0 - e.tp_overlap)
+    ovh = e.op_overhead_us * 1e-6
+    bwd_tp_ops = TP_OPS_FWD + (2 if C.sp else 0)
+    return {
+        "f_comp": gemm + attn + ovh,
+        "b_comp": 2.0 * gemm + (ATTN_BWD_FUSED if C.flash else ATTN_BWD_UNFUSED) * attn + ovh,
+        "f_tp": TP_OPS_FWD * tp_op,
+        "b_tp": bwd_tp_ops * tp_op,
+        "sel_comp": np.where(K.sel_mlp, mlp, 0.0) + np.where(K.sel_attn, attn, 0.0),
+        "sel_tp": np.where(K.sel_mlp, tp_op, 0.0),  # the MLP's input all-gather runs again
+        "lm_f": 2.0 * T * C.V * C.h / C.t / (C.peak * eta),
+        "p2p": np.where(C.p > 1, (2.0 * T * C.h / (C.t if C.sp else 1)) / C.bw_pp + C.lat_pp, 0.0),
+    }
+
+
+def stage_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
+    """Per stage, per microbatch (n, pp): forward, backward, recompute compute and TP comm seconds."""
+    lc = layer_costs(C, K)
+    col = lambda x: x[:, None]  # noqa: E731
+    Lk = K.layers.astype(float)
+    last = np.zeros(C.p)
+    last[-1] = 1.0
+    n_rec = recomputed_layers(K).astype(float)
+    selective = (K.rc == 1)[:, None]
+    rec_comp = n_rec * col(lc["f_comp"]) + np.where(selective, Lk * col(lc["sel_comp"]), 0.0)
+    rec_tp = n_rec * col(lc["f_tp"]) + np.where(selective, Lk * col(lc["sel_tp"]), 0.0)
+    f_comp = Lk * col(lc["f_comp"]) + last * col(lc["lm_f"])
+    b_comp = Lk * col(lc["b_comp"]) + last * 2.0 * col(lc["lm_f"])
+    f_tp = Lk * col(lc["f_tp"])
+    b_tp = Lk * col(lc["b_tp"])
+    return {"f_comp": f_comp, "b_comp": b_comp, "rec_comp": rec_comp, "f_tp": f_tp, "b_tp": b_tp,
+            "rec_tp": rec_tp, "F": f_comp + f_tp, "B": b_comp + b_tp + rec_comp + rec_tp, "p2p": lc["p2p"]}
+
+
+def _overlapped(per_bucket, n_buckets, window):
+    """Exposed seconds of n equal buckets ready evenly over ``window`` and sent back to back."""
+    slice_ = window / n_buckets
+    return per_bucket + (n_buckets - 1) * np.maximum(0.0, per_bucket - slice_)
+
+
+def dp_times(C: Consts, K: Knobs, F: np.ndarray, B: np.ndarray) -> dict[str, np.ndarray]:
+    """Data-parallel traffic per stage and what of it the critical path sees.
+
+    Reduce-scatter of gradients (grad_bytes each) then all-gather of bf16 parameters with the distributed
+    optimizer; one all-reduce of gradients without it. Bucketing splits each into ceil(params / bucket)
+    collectives. With overlap the gradient buckets hide under the last k backward passes and parameter
+    buckets under the first k forward passes of the stage (k = dp_overlap_microbatches).
+    """
+    P = stage_params(C, K)
+    col = lambda x: x[:, None]  # noqa: E731
+    zero = np.zeros_like(P)
+    if C.d <= 1:
+        return {"rs": zero, "ag": zero, "total": zero, "P": P}
+    elems = col(K.bucket_mb) * 1e6 / 2.0
+    nb = np.maximum(1.0, np.ceil(P / elems))
+    grad_bucket = P * col(K.grad_bytes) / nb
+    dist = col(K.dist)
+    c_rs = np.where(dist, _ring(C.d, grad_bucket, C.bw_dp, C.lat_dp),
+                    _ring(C.d, grad_bucket, C.bw_dp, C.lat_dp, factor=2.0))
+    c_ag = np.where(dist, _ring(C.d, P * 2.0 / nb, C.bw_dp, C.lat_dp), 0.0)
+    k = np.minimum(C.eff.dp_overlap_microbatches, col(K.m).astype(float))
+    rs = np.where(col(K.ogr), _overlapped(c_rs, nb, k * B), nb * c_rs)
+    ag = np.where(col(K.opg), _overlapped(c_ag, nb, k * F), nb * c_ag)
+    return {"rs": rs, "ag": ag, "total": nb * (c_rs + c_ag), "P": P}
+
+
+def step_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
+    """The update time and its breakdown, per config (n,)."""
+    st = stage_times(C, K)
+    S = st["F"] + st["B"]
+    crit = np.argmax(S, axis=1)
+    rows = np.arange(K.n)
+    at = lambda x: x[rows, crit]  # noqa: E731
+    m = K.m.astype(float)
+    v = K.v.astype(float)
+    s_max = S[rows, crit]
+    bubble = (S.sum(axis=1) - s_max) / v
+    n_p2p = np.where(C.p > 1, 2.0 * (m * v + C.p - 1), 0.0)
+    p2p = n_p2p * st["p2p"]
+    dp = dp_times(C, K, st["F"], st["B"])
+    P = dp["P"]
+    shard = np.where(K.dist[:, None], C.d, 1)
+    opt_bytes = P / shard * (ADAM_BYTES + K.grad_bytes[:, None])
+    optimizer = (opt_bytes / (C.hbm_bw * C.eff.optimizer_bw_eff)).max(axis=1)
+    out = {
+        "forward_s": m * at(st["f_comp"]),
+        "backward_s": m * at(st["b_comp"]),
+        "recompute_s": m * at(st["rec_comp"]),
+        "tp_comm_s": m * (at(st["f_tp"]) + at(st["b_tp"]) + at(st["rec_tp"])),
+        "pp_bubble_s": bubble,
+        "pp_p2p_s": p2p,
+        "dp_exposed_s": dp["rs"].max(axis=1) + dp["ag"].max(axis=1),
+        "dp_total_s": dp["total"].max(axis=1),
+        "optimizer_s": optimizer,
+        "critical_stage": crit,
+    }
+    out["compute_track_s"] = (out["forward_s"] + out["backward_s"] + out["recompute_s"] + out["tp_comm_s"]
+                              + bubble + p2p)
+    out["step_time_s"] = out["compute_track_s"] + out["dp_exposed_s"] + optimizer
+    return out

@@ -1,0 +1,155 @@
+"""Planner configs: parsing, validation errors that name the field, knobs, layer splits."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.planner import (FirstLastSplit, FullRecompute, NoRecompute, PlanConfig, SelectiveRecompute,
+                                  apply_params, knob_values, plan_config_from_dict, plan_config_to_dict)
+from orchestrator.planner.config import BalancedSplit, split_counts
+
+PRESET = Path(__file__).resolve().parents[2] / "search_spaces" / "preset-500b.yaml"
+
+
+@pytest.fixture(scope="module")
+def preset() -> dict:
+    return yaml.safe_load(PRESET.read_text())
+
+
+@pytest.fixture(scope="module")
+def base(preset) -> PlanConfig:
+    return plan_config_from_dict(preset["planner"])
+
+
+def _planner(preset: dict, section: str, **changes) -> dict:
+    d = {k: (dict(v) if isinstance(v, dict) else v) for k, v in preset["planner"].items()}
+    d[section] = {**d[section], **changes}
+    return d
+
+
+def test_preset_parses_and_round_trips(preset, base):
+    assert base.parallel.tp * base.parallel.pp * base.parallel.dp == base.cluster.num_gpus == 5120
+    assert base.microbatches == 24
+    assert abs(base.model.total_params - 500e9) / 500e9 < 0.02
+    assert plan_config_from_dict(plan_config_to_dict(base)) == base
+    flat = {f"{sec}.{k}": v for sec, d in base.to_dict().items() for k, v in d.items()}
+    assert flat["recompute.kind"] == "full" and flat["pipeline.split"] == {"kind": "balanced"}
+
+
+@pytest.mark.parametrize("section, changes, field", [
+    ("parallel", {"pp": 0}, "planner.parallel.pp"),
+    ("parallel", {"pp": 4}, "planner.parallel.dp"),           # tp*pp*dp no longer 5120
+    ("parallel", {"tp": 3, "dp": 80}, "planner.parallel"),
+    ("model", {"num_heads": 7}, "planner.model.num_heads"),
+    ("model", {"num_layers": "96"}, "planner.model.num_layers"),
+    ("recompute", {"method": "blocky"}, "planner.recompute.method"),
+    ("recompute", {"num_layers": 0}, "planner.recompute.num_layers"),
+    ("data_parallel", {"bucket_size": 40}, "planner.data_parallel.bucket_size"),
+    ("data_parallel", {"bucket_mb": -1}, "planner.data_parallel.bucket_mb"),
+    ("data_parallel", {"distributed_optimizer": False, "overlap_param_gather": True},
+     "planner.data_parallel.overlap_param_gather"),
+    ("batch", {"micro_batch_size": 7}, "planner.batch.micro_batch_size"),
+    ("pipeline", {"schedule": "zb"}, "planner.pipeline.schedule"),
+    ("pipeline", {"schedule": "1f1b", "virtual_stages": 2}, "planner.pipeline.virtual_stages"),
+    ("pipeline", {"schedule": "interleaved_1f1b", "virtual_stages": 5}, "planner.pipeline.virtual_stages"),
+    ("pipeline", {"split": {"kind": "first_last", "first": 10, "last": 9}}, "planner.pipeline.split.first"),
+    ("pipeline", {"split": {"kind": "uneven"}}, "planner.pipeline.split.kind"),
+    ("efficiency", {"matmul_eff": 1.5}, "planner.efficiency.matmul_eff"),
+    ("cluster", {"hbm_gb": 0}, "planner.cluster.hbm_gb"),
+])
+def test_bad_planner_values_name_the_field(preset, section, changes, field):
+    with pytest.raises(ValueError) as err:
+        plan_config_from_dict(_planner(preset, section, **changes))
+    assert str(err.value).startswith(field), str(err.value)
+
+
+def test_unknown_section_and_shorthand(preset):
+    with pytest.raises(ValueError, match=r"^planner\.optimizer: unknown section"):
+        plan_config_from_dict({**preset["planner"], "optimizer": {}})
+    cfg = plan_config_from_dict({**preset["planner"], "recompute": "none"})
+    assert cfg.recompute == NoRecompute()
+
+
+@pytest.mark.parametrize("params, field", [
+    ({"batch.micro_batch_size": 5}, "batch.micro_batch_size"),
+    ({"batch.micro_batch_size": 0}, "batch.micro_batch_size"),
+    ({"recompute.num_layers": 0}, "recompute.num_layers"),
+    ({"recompute.kind": "full", "recompute.method": "zigzag"}, "recompute.method"),
+    ({"recompute.kind": "sometimes"}, "recompute.kind"),
+    ({"pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 5}, "pipeline.virtual_stages"),
+    ({"pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 2, "batch.micro_batch_size": 2},
+     "pipeline.schedule"),   # 12 microbatches is not a multiple of pp=8 (Megatron's rule)
+    ({"pipeline.split.kind": "first_last"}, "pipeline.split.first"),
+    ({"pipeline.split.kind": "first_last", "pipeline.split.first": 11, "pipeline.split.last": 11},
+     "pipeline.split.first"),
+    ({"data_parallel.bucket_mb": 0}, "data_parallel.bucket_mb"),
+    ({"data_parallel.overlap_grad_reduce": "yes"}, "data_parallel.overlap_grad_reduce"),
+    ({"parallel.pp": 16}, "parallel.dp"),
+    ({"pipeline.stages": 3}, "pipeline.stages"),
+])
+def test_bad_knobs_name_the_knob(base, params, field):
+    with pytest.raises(ValueError) as err:
+        apply_params(base, params)
+    assert str(err.value).startswith(field + ":"), str(err.value)
+
+
+def test_apply_params_switches_kinds_and_ignores_inactive_sub_knobs(base, preset):
+    cfg = apply_params(base, preset["baseline"])
+    assert cfg.recompute == FullRecompute("block", 2)
+    # A trial's conditional params merged over the baseline: method/num_layers belong to 'full' only.
+    none = apply_params(cfg, {**preset["baseline"], "recompute.kind": "none"})
+    assert none.recompute == NoRecompute()
+    assert apply_params(none, {"recompute.kind": "selective"}).recompute == SelectiveRecompute(("core_attn",))
+    inter = apply_params(cfg, {"pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 3})
+    assert (inter.pipeline.schedule, inter.pipeline.virtual_stages) == ("interleaved_1f1b", 3)
+    back = apply_params(inter, {"pipeline.schedule": "1f1b"})
+    assert back.pipeline.virtual_stages == 1
+    split = apply_params(cfg, {"pipeline.split.kind": "first_last", "pipeline.split.first": 9,
+                               "pipeline.split.last": 9})
+    assert split.pipeline.split == FirstLastSplit(9, 9) and split.stage_layers == [9] + [13] * 6 + [9]
+    assert apply_params(split, {"pipeline.split.first": 12, "pipeline.split.last": 12}).stage_layers == [12] * 8
+    assert apply_params(split, {"pipeline.split.kind": "balanced"}).pipeline.split == BalancedSplit()
+    assert cfg == apply_params(cfg, {}) and cfg is not base  # a new config; the base is untouched
+    assert knob_values(cfg)["recompute.num_layers"] == 2
+
+
+@pytest.mark.parametrize("num_layers, pp", [(96, 8), (95, 8), (24, 4), (30, 2), (7, 3), (64, 64)])
+def test_every_layer_on_exactly_one_stage(num_layers, pp):
+    seen = 0
+    for first, last in itertools.product(range(1, num_layers), repeat=2):
+        try:
+            counts = split_counts(num_layers, pp, FirstLastSplit(first, last))
+        except ValueError as err:
+            assert str(err).startswith("pipeline.split.first:")
+            continue
+        seen += 1
+        assert len(counts) == pp and sum(counts) == num_layers and min(counts) >= 1
+        assert (counts[0], counts[-1]) == (first, last)
+        assert len(set(counts[1:-1])) <= 1   # the middle is balanced
+    assert seen > 0 or pp > num_layers
+    if num_layers % pp == 0:
+        assert split_counts(num_layers, pp, BalancedSplit()) == [num_layers // pp] * pp
+    else:
+        with pytest.raises(ValueError, match="^pipeline.split.kind:"):
+            split_counts(num_layers, pp, BalancedSplit())
+
+
+def test_baseline_lies_within_the_space(preset, base):
+    space = preset["space"]["params"]
+    cfg = apply_params(base, preset["baseline"])
+    flat = knob_values(cfg)
+    for name, spec in space.items():
+        if spec["type"] == "layer_split":
+            continue
+        active = all(flat.get(k) in (v if isinstance(v, list) else [v]) for k, v in spec.get("when", {}).items())
+        if not active:
+            continue
+        value = flat[name]
+        if spec["type"] == "categorical":
+            assert value in spec["choices"], name
+        else:
+            assert spec["low"] <= value <= spec["high"], name

@@ -1,0 +1,198 @@
+"""The planner's predictions: the article's figures, the directions knobs must move things, the OOM
+pre-filter, and the vectorised enumerator agreeing with ``predict`` and ``PlanConfig`` exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from orchestrator.planner import (ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig, PlanConfig,
+                                  apply_params, enumerate_space, plan_config_from_dict, predict, predicts_oom)
+from orchestrator.planner.predict import BREAKDOWN
+
+PRESET = Path(__file__).resolve().parents[2] / "search_spaces" / "preset-500b.yaml"
+OVERLAP = {"data_parallel.overlap_grad_reduce": True}
+
+
+@pytest.fixture(scope="module")
+def preset() -> dict:
+    return yaml.safe_load(PRESET.read_text())
+
+
+@pytest.fixture(scope="module")
+def baseline(preset) -> PlanConfig:
+    return apply_params(plan_config_from_dict(preset["planner"]), preset["baseline"])
+
+
+def near(value: float, target: float, tol: float = 0.05) -> bool:
+    return abs(value - target) <= tol * target
+
+
+def test_article_baseline_is_12s_of_8s_compute_plus_4s_exposed(baseline):
+    p = predict(baseline)
+    assert near(p.step_time_s, 12.0) and near(p.compute_track_s, 8.0) and near(p.dp_exposed_s, 4.0), p
+    assert near(p.mfu, 0.34) and near(p.tokens_per_s, 1_310_720)
+    assert p.fits_memory   # the article: there was memory to spare
+
+
+def test_article_overlap_moves_2s_under_compute_for_10s(baseline):
+    before, after = predict(baseline), predict(apply_params(baseline, OVERLAP))
+    assert near(after.step_time_s, 10.0) and near(after.mfu, 0.41)
+    assert near(after.dp_total_s, before.dp_total_s, 0.001)     # the same 4 s of transfer ...
+    assert near(before.dp_exposed_s - after.dp_exposed_s, 2.0)  # ... 2 s of it now under computation
+    assert after.compute_track_s == pytest.approx(before.compute_track_s)
+
+
+def test_target_reachable_within_memory(baseline):
+    cfg = apply_params(baseline, {**OVERLAP, "data_parallel.overlap_param_gather": True, "recompute.kind": "none"})
+    p = predict(cfg)
+    assert p.step_time_s <= 9.30 and p.fits_memory
+
+
+def test_breakdown_adds_up_and_serialises(baseline):
+    p = predict(baseline)
+    parts = sum(getattr(p, k) for k in BREAKDOWN if k != "dp_total_s")
+    assert parts == pytest.approx(p.step_time_s, rel=1e-12)
+    assert len(p.memory_per_stage) == 8 and p.peak_memory_bytes == max(s["total"] for s in p.memory_per_stage)
+    d = p.to_dict()
+    assert d["mfu_basis"].startswith("6 * total_params") and d["step_time_s"] == p.step_time_s
+
+
+def _stage0(p, key="activations"):
+    return p.memory_per_stage[0][key]
+
+
+def test_more_recompute_less_memory_more_time(baseline):
+    ladder = [{"recompute.kind": "none"},
+              {"recompute.kind": "full", "recompute.method": "block", "recompute.num_layers": 2},
+              {"recompute.kind": "full", "recompute.method": "block", "recompute.num_layers": 6},
+              {"recompute.kind": "full", "recompute.method": "uniform", "recompute.num_layers": 1}]
+    preds = [predict(apply_params(baseline, {**OVERLAP, **k})) for k in ladder]
+    mems = [_stage0(p) for p in preds]
+    assert all(a > b for a, b in zip(mems, mems[1:])), mems
+    computes = [p.forward_s + p.backward_s + p.recompute_s for p in preds]
+    assert all(a < b for a, b in zip(computes, computes[1:])), computes
+    # Unfused attention: selective recompute drops the 5as^2b scores for a little forward work.
+    unfused = dataclasses.replace(baseline, model=dataclasses.replace(baseline.model, flash_attention=False))
+    none, sel = (predict(apply_params(unfused, {"recompute.kind": k})) for k in ("none", "selective"))
+    assert _stage0(sel) < 0.5 * _stage0(none) and sel.recompute_s > none.recompute_s == 0
+
+
+def test_bigger_microbatch_more_memory_and_a_larger_bubble_share(baseline):
+    # At a fixed global batch a bigger microbatch means fewer microbatches, so the pipeline's fill and
+    # drain ((p-1)/m, Narayanan et al. 2021) is a larger share of the step, and each holds more activations.
+    preds = [predict(apply_params(baseline, {"batch.micro_batch_size": b, "recompute.kind": "none"}))
+             for b in (1, 2, 3)]
+    assert [p.microbatches for p in preds] == [24, 12, 8]
+    mems = [_stage0(p) for p in preds]
+    share = [p.pp_bubble_s / p.compute_track_s for p in preds]
+    assert mems[0] < mems[1] < mems[2] and share[0] < share[1] < share[2]
+    for p, sh in zip(preds, share):   # ~ (p-1)/(m+p-1) of the compute track, p = 8
+        assert sh == pytest.approx(7 / (p.microbatches + 7), rel=0.1)
+
+
+def test_overlap_hides_communication(baseline):
+    base = predict(baseline)
+    grad = predict(apply_params(baseline, OVERLAP))
+    both = predict(apply_params(baseline, {**OVERLAP, "data_parallel.overlap_param_gather": True}))
+    assert base.dp_exposed_s > grad.dp_exposed_s > both.dp_exposed_s > 0
+    assert base.dp_total_s == pytest.approx(both.dp_total_s)
+
+
+def test_bucket_size_trades_latency_against_the_last_bucket(baseline):
+    exposed = {mb: predict(apply_params(baseline, {**OVERLAP, "data_parallel.bucket_mb": mb})).dp_exposed_s
+               for mb in (5.0, 200.0, 20000.0)}
+    assert exposed[200.0] < exposed[5.0] and exposed[200.0] < exposed[20000.0]
+    off = {mb: predict(apply_params(baseline, {"data_parallel.bucket_mb": mb})).dp_exposed_s for mb in (5.0, 200.0)}
+    assert off[200.0] < off[5.0]   # without overlap only the per-collective latency differs
+
+
+def test_more_virtual_stages_smaller_bubble(baseline):
+    cfg = apply_params(baseline, {"recompute.kind": "none"})
+    bubbles = [predict(apply_params(cfg, {"pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": v}
+                                    if v > 1 else {})).pp_bubble_s for v in (1, 2, 3, 4, 6, 12)]
+    assert all(a > b for a, b in zip(bubbles, bubbles[1:])), bubbles
+    assert bubbles[1] == pytest.approx(bubbles[0] / 2, rel=1e-9)   # (p-1)/(v m)
+
+
+def test_interleaving_holds_more_activations_on_stage_0(baseline):
+    # Korthikanti et al. 2022: stage 0 holds L * (1 + (p-1)/(p v)) layers of activations.
+    plain = predict(apply_params(baseline, {"recompute.kind": "none"}))
+    inter = predict(apply_params(baseline, {"recompute.kind": "none", "pipeline.schedule": "interleaved_1f1b",
+                                            "pipeline.virtual_stages": 4}))
+    per_layer = _stage0(plain) / 96
+    assert _stage0(inter) == pytest.approx(per_layer * 96 * (1 + 7 / 32), rel=1e-9)
+
+
+def test_oom_prefilter(baseline):
+    ok, why = predicts_oom(baseline)
+    assert not ok and why.startswith("fits: stage 0")
+    big = apply_params(baseline, {"batch.micro_batch_size": 3, "recompute.kind": "none", "pipeline.schedule": "gpipe"})
+    oom, why = predicts_oom(big)
+    assert oom and "GB >" in why and not predict(big).fits_memory
+    small_gpu = dataclasses.replace(baseline.cluster, hbm_gb=80.0)
+    assert predicts_oom(baseline, small_gpu)[0]
+
+
+def test_no_distributed_optimizer_costs_optimizer_memory(baseline):
+    plain = apply_params(baseline, {"data_parallel.distributed_optimizer": False})
+    shard, full = predict(baseline).memory_per_stage[3], predict(plain).memory_per_stage[3]
+    params = shard["params"] / 2
+    assert shard["optimizer"] == pytest.approx(12 * params / 80) and full["optimizer"] == pytest.approx(12 * params)
+    assert shard["grads"] == pytest.approx(4 * params)   # fp32 main gradients: 6 + 12/d bytes per parameter
+
+
+def _small() -> PlanConfig:
+    return PlanConfig(
+        cluster=ClusterSpec(num_gpus=64, gpus_per_node=8, peak_tflops=1000, hbm_gb=40),
+        model=ModelSpec(num_layers=12, hidden_size=1024, num_heads=16, vocab_size=32000, flash_attention=False),
+        job=JobSpec(global_batch=32, seq_len=1024), efficiency=Efficiency(dp_overlap_microbatches=2.0),
+        parallel=ParallelConfig(tp=2, pp=4, dp=8),
+    )
+
+
+SMALL_SPACE = {
+    "batch.micro_batch_size": {"type": "categorical", "choices": [1, 2, 3, 4]},
+    "pipeline.schedule": {"type": "categorical", "choices": ["gpipe", "1f1b", "interleaved_1f1b"]},
+    "pipeline.virtual_stages": {"type": "int", "low": 2, "high": 4,
+                                "when": {"pipeline.schedule": "interleaved_1f1b"}},
+    "pipeline.split.kind": {"type": "categorical", "choices": ["balanced", "first_last"]},
+    "pipeline.split": {"type": "layer_split", "first": [1, 4], "last": [2, 4],
+                       "when": {"pipeline.split.kind": "first_last"}},
+    "recompute.kind": {"type": "categorical", "choices": ["none", "selective", "full"]},
+    "recompute.method": {"type": "categorical", "choices": ["uniform", "block"], "when": {"recompute.kind": "full"}},
+    "recompute.num_layers": {"type": "int", "low": 1, "high": 4, "when": {"recompute.kind": "full"}},
+    "data_parallel.overlap_grad_reduce": {"type": "categorical", "choices": [False, True]},
+    "data_parallel.distributed_optimizer": {"type": "categorical", "choices": [False, True]},
+    "data_parallel.overlap_param_gather": {"type": "categorical", "choices": [False, True]},
+    "data_parallel.bucket_mb": {"type": "float", "low": 1.0, "high": 100.0, "log": True},
+}
+
+
+def test_enumerator_matches_planconfig_and_predict():
+    base = _small()
+    grid = enumerate_space(base, SMALL_SPACE, float_points=2)
+    assert grid.n == 4 * (1 + 1 + 3) * (1 + 4 * 3) * (1 + 1 + 2 * 4) * 2 * 2 * 2 * 2
+    rng = np.random.default_rng(0)
+    checked = {True: 0, False: 0}
+    for i in rng.choice(grid.n, size=600, replace=False):
+        try:
+            cfg = apply_params(base, grid.params(i))
+        except ValueError:
+            assert not grid.valid[i], grid.params(i)
+            checked[False] += 1
+            continue
+        assert grid.valid[i], grid.params(i)
+        checked[True] += 1
+        p = predict(cfg)
+        assert grid.step_time_s[i] == pytest.approx(p.step_time_s, rel=1e-12)
+        assert grid.peak_memory_bytes[i] == pytest.approx(p.peak_memory_bytes, rel=1e-12)
+        assert bool(grid.fits_memory[i]) == p.fits_memory
+    assert min(checked.values()) > 50
+    best = grid.best()
+    assert grid.valid[best] and grid.fits_memory[best]
+    assert grid.step_time_s[best] == grid.feasible_times().min()
