@@ -1,0 +1,252 @@
+"""Export a sweep's winner (or a chosen trial) for production training.
+
+Reads the ledger (``results/<sweep>/trials.jsonl``, the source of truth) and writes three files:
+
+- ``trainer.yaml``: the trial's resolved TrainConfig; ``python -m trainer --config trainer.yaml`` runs it
+  as is, with exactly the trial's settings;
+- ``megatron_args.txt``: the same settings as Megatron-LM flags (orchestrator/megatron.py);
+- ``summary.md``: measured numbers vs the baseline, the parity verdict, the MLflow run id, and every
+  knob Megatron cannot take, by name.
+
+A trial that did not finish or failed parity is refused with the reason unless forced: shipping a
+config that changes what the model learns is the one mistake this tool exists to prevent.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.ledger import KINDS, Ledger
+from orchestrator.megatron import format_args, megatron_args, megatron_args_for_plan
+from trainer.config import TrainConfig, flatten
+
+
+def find_ledger(results_dir: Path, sweep: str | None = None) -> Path:
+    """``<results_dir>/<sweep>/trials.jsonl``; without a sweep name, the most recently written ledger."""
+    results_dir = Path(results_dir)
+    if sweep:
+        path = results_dir / sweep / "trials.jsonl"
+        if not path.is_file():
+            known = sorted(p.parent.name for p in results_dir.glob("*/trials.jsonl"))
+            raise ValueError(f"no ledger for sweep {sweep!r} at {path}; sweeps with a ledger: {known or 'none'}")
+        return path
+    ledgers = sorted(results_dir.glob("*/trials.jsonl"), key=lambda p: p.stat().st_mtime)
+    if not ledgers:
+        raise ValueError(f"no sweep ledger under {results_dir}/ (run `python -m orchestrator sweep` first)")
+    return ledgers[-1]
+
+
+def read_ledger(path: Path) -> list[dict[str, Any]]:
+    """The ledger's lines (orchestrator.ledger reads them: a torn last line is skipped, a corrupt one
+    raises), baseline/trial/confirm only."""
+    if not Path(path).is_file():
+        raise ValueError(f"no ledger at {path}")
+    return [r for r in Ledger(path).read() if r.get("kind") in KINDS]
+
+
+def refusal(record: dict[str, Any]) -> str | None:
+    """Why this ledger line must not be exported unforced; None when it may be."""
+    name = f"trial {record.get('trial')} ({record.get('kind')})"
+    parity = record.get("parity")
+    # Parity first: the sweep marks a parity failure as status infeasible, and this is the reason to give.
+    if parity is not None and not parity.get("passed"):
+        return (f"{name} failed loss parity at step {parity.get('first_fail_step')} "
+                f"({parity.get('first_fail_metric')}; max loss rel diff {parity.get('max_loss_rel_diff')}, "
+                f"tolerance {parity.get('tolerance')}): it does not learn what the baseline learns")
+    status, reason = record.get("status"), record.get("reason")
+    if status != "ok":
+        what = "is infeasible" if status == "infeasible" else f"did not finish: status {status}"
+        return f"{name} {what}" + (f": {reason}" if reason else "")
+    if parity is None and record.get("kind") != "baseline" and record.get("backend") != "model":
+        # (The baseline is the parity reference itself; a cost-model prediction has no run to compare.)
+        return f"{name} has no parity verdict: it was not checked against the baseline"
+    return None
+
+
+def step_time(record: dict[str, Any]) -> float | None:
+    v = (record.get("metrics") or {}).get("step_time_s")
+    if v is None:
+        v = ((record.get("result") or {}).get("summary") or {}).get("step_time_s")
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def pick(records: list[dict[str, Any]], trial: int | None, force: bool) -> tuple[dict[str, Any], str | None]:
+    """(record, forced-despite reason). Winner: fastest exportable line, confirmed repeats first."""
+    if trial is None:
+        ok = [r for r in records if refusal(r) is None and step_time(r) is not None]
+        if not ok:
+            raise ValueError("no trial in the ledger finished with parity passed; pick one with --trial N "
+                             "(and --force to export it anyway)")
+        confirmed = [r for r in ok if r["kind"] == "confirm"]
+        return min(confirmed or ok, key=step_time), None
+    mine = [r for r in records if r.get("trial") == trial]
+    if not mine:
+        have = sorted({r.get("trial") for r in records}, key=str)
+        raise ValueError(f"trial {trial} is not in the ledger (trials: {have})")
+    # A confirmation is the repeat measurement of the same config: prefer it, then the latest line.
+    ranked = sorted(reversed(mine), key=lambda r: (refusal(r) is None, r["kind"] == "confirm"), reverse=True)
+    why = refusal(ranked[0])
+    if why and not force:
+        raise ValueError(f"refusing to export: {why}. Use --force to export it anyway")
+    return ranked[0], why
+
+
+def export_trial(ledger_path: Path, trial: int | None, out_dir: Path, force: bool = False) -> list[Path]:
+    records = read_ledger(ledger_path)
+    record, forced = pick(records, trial, force)
+    head = f"# steptune export: sweep {record.get('sweep')}, trial {record.get('trial')} ({record.get('kind')})\n"
+    if record.get("backend") == "model":
+        # A cost-model line: its config is the planner's production-scale plan, not a trainer config.
+        config = record.get("config") or {}
+        args, notes = megatron_args_for_plan(config)
+        name, text = "plan.yaml", head + "# the cost model's plan this prediction is for (not a trainer config)\n"
+        par = config.get("parallel") or {}
+        world = f"tp {par.get('tp', 1)} x pp {par.get('pp', 1)} x dp {par.get('dp', 1)}"
+        nprocs = int(par.get("tp", 1)) * int(par.get("pp", 1)) * int(par.get("dp", 1))
+        run = [f"- Megatron-LM: {nprocs} GPUs ({world}); for example `torchrun --nnodes N --nproc-per-node "
+               f"<GPUs per node> pretrain_gpt.py $(cat megatron_args.txt)` plus your tokenizer, data, optimizer "
+               f"and schedule flags"]
+    else:
+        try:
+            cfg = TrainConfig.from_dict(record.get("config"))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"trial {record.get('trial')}: its config is not a trainer config ({exc})") from exc
+        config = cfg.to_dict()
+        args, notes = megatron_args(cfg)
+        name = "trainer.yaml"
+        text = head + f"# run as is: python -m trainer --config {name}\n"
+        run = ["- steptune: `python -m trainer --config trainer.yaml`",
+               f"- Megatron-LM: `torchrun --nproc-per-node {cfg.world_size} pretrain_gpt.py $(cat megatron_args.txt)` "
+               f"(world size = pp {cfg.parallel.pp} x dp {cfg.parallel.dp}; Megatron derives the data-parallel "
+               f"size from it), plus your data and tokenizer flags"]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    baseline = next((r for r in reversed(records) if r["kind"] == "baseline" and r.get("status") == "ok"), None)
+    config_file = out_dir / name
+    config_file.write_text(text + yaml.safe_dump(config, sort_keys=False))
+    args_file = out_dir / "megatron_args.txt"
+    args_file.write_text(format_args(args))
+    summary = out_dir / "summary.md"
+    summary.write_text(summary_markdown(record, baseline, config, run, notes, forced, ledger_path))
+    return [config_file, args_file, summary]
+
+
+# (label, how to read it from a ledger line, unit scale, format)
+_ROWS = (
+    ("step time (s)", lambda r: step_time(r), 1, "{:.4g}"),
+    ("tokens/s", lambda r: _metric(r, "tokens_per_s"), 1, "{:,.0f}"),
+    ("MFU", lambda r: _metric(r, "mfu"), 1, "{:.1%}"),
+    ("HFU", lambda r: _metric(r, "hfu"), 1, "{:.1%}"),
+    ("peak memory (MiB, largest rank)", lambda r: _metric(r, "peak_memory_bytes"), 2 ** -20, "{:,.1f}"),
+    ("exposed dp communication (s, max rank)", lambda r: _phase(r, "dp_comm_wait"), 1, "{:.4g}"),
+    ("pipeline idle (s, max rank)", lambda r: _phase(r, "pipeline_idle"), 1, "{:.4g}"),
+)
+
+
+def _metric(r: dict[str, Any], key: str) -> float | None:
+    v = (r.get("metrics") or {}).get(key)
+    if v is None:
+        v = ((r.get("result") or {}).get("summary") or {}).get(key)
+    return v if isinstance(v, (int, float)) else None
+
+
+# The cost model's names for the same two waits (orchestrator/planner predictions).
+_PREDICTED_PHASE = {"dp_comm_wait": "dp_exposed_s", "pipeline_idle": "pp_bubble_s"}
+
+
+def _phase(r: dict[str, Any], phase: str) -> float | None:
+    v = (r.get("metrics") or {}).get(f"phase.{phase}_s")
+    if v is None:
+        v = (((r.get("result") or {}).get("phases") or {}).get(phase) or {}).get("max")
+    if v is None:
+        v = (r.get("prediction") or {}).get(_PREDICTED_PHASE[phase])
+    return v if isinstance(v, (int, float)) else None
+
+
+def summary_markdown(record: dict[str, Any], baseline: dict[str, Any] | None, config: dict[str, Any],
+                     run: list[str], notes: list[str], forced: str | None, ledger_path: Path) -> str:
+    predicted = record.get("backend") == "model"
+    what = "predicted" if predicted else "measured"
+    lines = [f"# steptune export: sweep `{record.get('sweep')}`, trial {record.get('trial')} ({record.get('kind')})", ""]
+    if forced:
+        lines += [f"> **Exported with --force despite:** {forced}", ""]
+    if predicted:
+        lines += ["> **Predicted, not measured**: these numbers come from the cost model (backend `model`); "
+                  "measure the config before relying on them.", ""]
+    parity = record.get("parity")
+    if parity is None:
+        verdict = "not applicable (the baseline is the reference)" if record.get("kind") == "baseline" else (
+            "not checked (a prediction)" if predicted else "not checked")
+    elif parity.get("passed"):
+        verdict = (f"passed (max relative differences: loss {_g(parity.get('max_loss_rel_diff'))}, grad norm "
+                   f"{_g(parity.get('max_grad_norm_rel_diff'))}, parameters {_g(parity.get('max_fingerprint_rel_diff'))}; "
+                   f"tolerance {parity.get('tolerance')})")
+    else:
+        verdict = f"**FAILED** at step {parity.get('first_fail_step')} ({parity.get('first_fail_metric')})"
+    run_id = record.get("mlflow_run_id")
+    lines += [
+        f"- status: {record.get('status')}; backend: {record.get('backend')} ({what})",
+        f"- loss parity vs baseline: {verdict}",
+        f"- meets target: {_yes_no(record.get('meets_target'))}",
+        f"- MLflow run: `{run_id}`" if run_id else
+        f"- MLflow run: not recorded in the ledger line; in the UI filter on "
+        f"`tags.\"steptune.trial\" = '{record.get('trial')}'`",
+        f"- ledger: `{ledger_path}`", "",
+        f"| | baseline | this trial ({what}) | change |", "|---|---|---|---|",
+    ]
+    for label, get, scale, fmt in _ROWS:
+        mine = get(record)
+        base = get(baseline) if baseline else None
+        change = f"{mine / base:.3g}x" if mine is not None and base else ""
+        lines.append(f"| {label} | {_fmt(base, scale, fmt)} | {_fmt(mine, scale, fmt)} | {change} |")
+    speedup = _metric(record, "speedup_vs_baseline")
+    if speedup is None and baseline and step_time(baseline) and step_time(record):
+        speedup = step_time(baseline) / step_time(record)
+    lines += ["", f"Speedup vs baseline (baseline step time / this step time): "
+                  f"{'n/a' if speedup is None else f'{speedup:.3f}x'}"
+                  + ("" if baseline else " (no finished baseline line in the ledger)"), ""]
+    lines += ["## Settings that differ from the baseline", ""]
+    diff = _config_diff(baseline.get("config") if baseline else None, config)
+    lines += [f"- `{k}`: {_show(a)} -> **{_show(b)}**" for k, a, b in diff] or ["- none (this is the baseline's config)"]
+    lines += ["", "## Run it", "", *run, "", "## Megatron-LM mapping notes", ""]
+    lines += [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def _config_diff(base: dict[str, Any] | None, mine: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    if not base:
+        return []
+    a, b = flatten(base), flatten(mine)
+    missing = object()  # a field of an option the other config does not use (e.g. after a kind change)
+    return [(k, a.get(k, missing), b.get(k, missing)) for k in sorted(set(a) | set(b))
+            if a.get(k, missing) != b.get(k, missing)]
+
+
+def _show(v: Any) -> str:
+    if not isinstance(v, (str, int, float, bool, list, type(None))):
+        return "(unset)"
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+def _fmt(v: float | None, scale: float, fmt: str) -> str:
+    return "n/a" if v is None else fmt.format(v * scale)
+
+
+def _g(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, (int, float)) else "n/a"
+
+
+def _yes_no(v: Any) -> str:
+    return "unknown" if v is None else ("yes" if v else "no")
+
+
+def export_sweep(results_dir: Path, sweep: str | None = None, trial: int | None = None,
+                 out_dir: Path | None = None, force: bool = False) -> list[Path]:
+    """``python -m orchestrator export``: the sweep's ledger under ``results_dir``, written by default to
+    ``<results_dir>/<sweep>/export/``."""
+    ledger = find_ledger(results_dir, sweep)
+    return export_trial(ledger, trial, Path(out_dir) if out_dir else ledger.parent / "export", force)

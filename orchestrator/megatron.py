@@ -1,0 +1,344 @@
+"""A steptune config as Megatron-LM command-line flags, with every gap named.
+
+Pure: ``megatron_args(cfg) -> (args, notes)`` for a trainer config, ``megatron_args_for_plan(plan)`` for
+the cost model's production-scale plan. ``args`` is argv-style (``["--num-layers", "4", ...]``),
+using Megatron-LM's real flag names (megatron/training/arguments.py); ``notes`` says, per knob, what
+could not be carried over exactly. Each note starts with one of:
+
+- ``not mapped:`` the knob has no Megatron flag; the trial's behaviour is not reproduced,
+- ``differs:`` mapped to the nearest Megatron feature, which is not the same thing,
+- ``converted:`` mapped exactly, but the unit or name changes (so a reader can check the arithmetic).
+
+A knob is never dropped silently: the unit tests walk every field of the config.
+"""
+
+from __future__ import annotations
+
+import math
+
+from trainer.config import FsdpDP, ReplicateDP, SyntheticData, TokenFileData, TorchDDP, TrainConfig, flatten
+
+# steptune keeps gradients in fp32 (bf16 runs autocast with fp32 parameters), and Megatron reduces main
+# gradients in fp32 too (--accumulate-allreduce-grads-in-fp32), so a bucket of B bytes holds B / 4 of them.
+GRAD_BYTES = 4
+RECOMPUTE_MODULES = {"core_attn": "core_attn", "mlp": "mlp", "norm": "layernorm"}
+MEASUREMENT_ONLY = ("run.warmup_steps", "run.timeline_steps", "run.threads_per_rank")
+
+
+def megatron_args(cfg: TrainConfig) -> tuple[list[str], list[str]]:
+    args: list[str] = []
+    notes: list[str] = []
+
+    def add(flag: str, *values: object) -> None:
+        args.append(flag)
+        args.extend(_fmt(v) for v in values)
+
+    _model(cfg, add, notes)
+    _data(cfg, add, notes)
+    add("--micro-batch-size", cfg.batch.micro_batch_size)
+    add("--global-batch-size", cfg.batch.global_batch)
+    add("--tensor-model-parallel-size", 1)
+    add("--pipeline-model-parallel-size", cfg.parallel.pp)
+    _pipeline(cfg, add, notes)
+    _data_parallel(cfg, add, notes)
+    _recompute(cfg.to_dict()["recompute"], add, notes)
+    _optimizer(cfg, add, notes)
+    _run(cfg, add, notes)
+    return args, notes
+
+
+def _model(cfg: TrainConfig, add, notes: list[str]) -> None:
+    m = cfg.model
+    add("--num-layers", m.n_layers)
+    add("--hidden-size", m.d_model)
+    add("--num-attention-heads", m.n_heads)
+    add("--ffn-hidden-size", m.ffn_dim)
+    add("--seq-length", m.seq_len)
+    add("--max-position-embeddings", m.seq_len)
+    # trainer/model.py: pre-norm LayerNorm, GELU MLP, bias-free linears, learned absolute positions,
+    # separate (untied) output head, no dropout. Megatron's defaults differ on biases, tying and dropout.
+    add("--normalization", "LayerNorm")
+    add("--position-embedding-type", "learned_absolute")
+    add("--disable-bias-linear")
+    add("--untie-embeddings-and-output-weights")
+    add("--attention-dropout", 0.0)
+    add("--hidden-dropout", 0.0)
+    # Megatron sizes the embedding from a tokenizer. NullTokenizer(--vocab-size V-1) adds one
+    # end-of-document id, giving V rows; padding to a multiple of 128 is kept only when it is a no-op.
+    add("--tokenizer-type", "NullTokenizer")
+    add("--vocab-size", m.vocab_size - 1)
+    add("--make-vocab-size-divisible-by", 128 if m.vocab_size % 128 == 0 else 1)
+    notes.append(f"converted: model.vocab_size={m.vocab_size} -> --tokenizer-type NullTokenizer --vocab-size "
+                 f"{m.vocab_size - 1} (Megatron takes a tokenizer, not a size; NullTokenizer adds one "
+                 f"end-of-document id). With a real tokenizer use --tokenizer-type/--tokenizer-model instead; "
+                 f"the embedding is then sized (and padded) from it")
+
+
+def _data(cfg: TrainConfig, add, notes: list[str]) -> None:
+    if isinstance(cfg.data, SyntheticData):
+        add("--mock-data")
+        notes.append(f"differs: data.kind=synthetic (seed {cfg.data.seed}) -> --mock-data: Megatron's mock data is "
+                     f"random tokens, not steptune's bigram language; throughput compares, losses do not")
+    elif isinstance(cfg.data, TokenFileData):
+        notes.append(f"not mapped: data.kind=token_file ({cfg.data.path}) is not a Megatron indexed dataset; "
+                     f"tokenise the source text with Megatron's tools/preprocess_data.py and add "
+                     f"--data-path PREFIX --split 100,0,0")
+
+
+def _pipeline(cfg: TrainConfig, add, notes: list[str]) -> None:
+    pp, v = cfg.parallel.pp, cfg.pipeline.virtual_stages
+    if pp == 1:
+        return  # plain gradient accumulation: no schedule, no split
+    if cfg.pipeline.schedule == "gpipe":
+        notes.append("not mapped: pipeline.schedule=gpipe; Megatron's non-interleaved pipeline always runs 1F1B "
+                     "(same maths, less activation memory, different timing than the trial measured)")
+    counts = [len(s) for s in cfg.stage_layers()]
+    if v > 1:
+        if len(set(counts)) == 1:
+            add("--num-layers-per-virtual-pipeline-stage", counts[0])
+        else:
+            notes.append(f"not mapped: pipeline.split with {v} virtual stages per rank gives uneven model chunks "
+                         f"{counts}; --num-layers-per-virtual-pipeline-stage needs equal chunks. Newer "
+                         f"Megatron-Core's --pipeline-model-parallel-layout can describe this split by hand")
+        return
+    first, last = first_last(counts)
+    if first is None and last is None and len(set(counts)) > 1:
+        notes.append(f"not mapped: pipeline.split {counts} has uneven middle stages; Megatron's "
+                     f"--decoder-first/last-pipeline-num-layers need the stages between first and last equal. "
+                     f"Newer Megatron-Core's --pipeline-model-parallel-layout can describe it by hand")
+        return
+    if first is not None:
+        add("--decoder-first-pipeline-num-layers", first)
+    if last is not None:
+        add("--decoder-last-pipeline-num-layers", last)
+
+
+def first_last(counts: list[int]) -> tuple[int | None, int | None]:
+    """The fewest Megatron first/last flags that reproduce a per-stage layer split; (None, None) when
+    the split is balanced or cannot be expressed (Megatron spreads the rest evenly over the others)."""
+    if len(set(counts)) <= 1:
+        return None, None
+    if len(set(counts[1:])) == 1:
+        return counts[0], None
+    if len(set(counts[:-1])) == 1:
+        return None, counts[-1]
+    if len(set(counts[1:-1])) <= 1:
+        return counts[0], counts[-1]
+    return None, None
+
+
+def _data_parallel(cfg: TrainConfig, add, notes: list[str]) -> None:
+    dpc = cfg.data_parallel
+    if isinstance(dpc, ReplicateDP):
+        if dpc.overlap_grad_reduce:
+            add("--overlap-grad-reduce")
+        n = _bucket_params(dpc.bucket_mb * 1e6)
+        add("--ddp-bucket-size", n)
+        notes.append(f"converted: data_parallel.bucket_mb={dpc.bucket_mb:g} -> --ddp-bucket-size {n} parameters "
+                     f"({dpc.bucket_mb:g} x 10^6 bytes / {GRAD_BYTES} bytes per fp32 gradient element)")
+    elif isinstance(dpc, FsdpDP):
+        # --overlap-param-gather requires the distributed optimizer and --overlap-grad-reduce.
+        add("--use-distributed-optimizer")
+        add("--overlap-grad-reduce")
+        add("--overlap-param-gather")
+        notes.append("differs: data_parallel.kind=fsdp -> Megatron's distributed optimizer with parameter-gather "
+                     "overlap: it shards gradients and optimizer state but keeps full parameters on every GPU, "
+                     "so per-GPU memory is higher than the FSDP trial measured. Full parameter sharding is "
+                     "Megatron FSDP (--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params), "
+                     "not emitted: it brings its own constraints (e.g. --ckpt-format fsdp_dtensor)")
+        notes.append(f"not mapped: data_parallel.reshard_after_forward={str(dpc.reshard_after_forward).lower()} "
+                     f"(FSDP-only; the distributed optimizer never frees parameters after forward)")
+        notes.append(f"not mapped: data_parallel.prefetch={dpc.prefetch} (FSDP's all-gather prefetch depth; "
+                     f"Megatron overlaps parameter gathers per bucket)")
+    elif isinstance(dpc, TorchDDP):
+        n = _bucket_params(dpc.bucket_mb * 2 ** 20)
+        add("--overlap-grad-reduce")
+        add("--ddp-bucket-size", n)
+        notes.append(f"differs: data_parallel.kind=torch_ddp -> Megatron's own DDP (not torch's "
+                     f"DistributedDataParallel) with overlapped reduction, as torch DDP always overlaps; "
+                     f"bucket_mb={dpc.bucket_mb:g} is torch's MiB: {n} parameters = {dpc.bucket_mb:g} x 2^20 bytes "
+                     f"/ {GRAD_BYTES} bytes per fp32 gradient element")
+
+
+def _bucket_params(nbytes: float) -> int:
+    return max(1, int(round(nbytes / GRAD_BYTES)))
+
+
+def _recompute(rc: dict, add, notes: list[str]) -> None:
+    """Shared by the trainer and the planner: both spell recompute as {kind, modules | method, num_layers}."""
+    if rc.get("kind") == "selective":
+        modules = list(rc.get("modules") or ["core_attn"])
+        # Megatron refuses --recompute-method with selective granularity.
+        add("--recompute-granularity", "selective")
+        add("--recompute-modules", *[RECOMPUTE_MODULES[m] for m in modules])
+        if "norm" in modules:
+            notes.append("converted: recompute.modules norm -> layernorm (Megatron recomputes both "
+                         "input_layernorm and pre_mlp_layernorm, as steptune's norm does)")
+    elif rc.get("kind") == "full":
+        add("--recompute-granularity", "full")
+        add("--recompute-method", rc.get("method", "uniform"))
+        add("--recompute-num-layers", rc.get("num_layers", 1))
+
+
+def _optimizer(cfg: TrainConfig, add, notes: list[str]) -> None:
+    o = cfg.optim
+    # Megatron's "adam" is AdamW (decoupled weight decay), like steptune's torch.optim.AdamW.
+    add("--optimizer", "adam")
+    add("--lr", o.lr)
+    add("--lr-decay-style", "constant")
+    add("--lr-warmup-iters", o.warmup_steps)
+    add("--weight-decay", o.weight_decay)
+    add("--adam-beta1", o.beta1)
+    add("--adam-beta2", o.beta2)
+    add("--adam-eps", o.eps)
+    add("--clip-grad", o.grad_clip)
+    if o.weight_decay:
+        notes.append(f"differs: optim.weight_decay={o.weight_decay:g}: Megatron exempts biases and 1-D parameters "
+                     f"(norm weights) from weight decay; steptune's AdamW decays every parameter")
+    if o.warmup_steps:
+        notes.append(f"differs: optim.warmup_steps={o.warmup_steps} -> --lr-warmup-iters: both linear; steptune's "
+                     f"first update already uses lr x 1/{o.warmup_steps}, check Megatron's first-iteration lr")
+
+
+def _run(cfg: TrainConfig, add, notes: list[str]) -> None:
+    r = cfg.run
+    add("--train-iters", r.steps)
+    add("--seed", r.seed)
+    add("--distributed-timeout-minutes", max(1, math.ceil(r.timeout_s / 60)))
+    if r.precision == "bf16":
+        add("--bf16")
+        add("--accumulate-allreduce-grads-in-fp32")
+        notes.append("differs: run.precision=bf16: steptune autocasts with fp32 parameters; Megatron --bf16 keeps "
+                     "bf16 weights with fp32 main parameters and gradients (close numerics, not identical)")
+    notes.append(f"differs: run.seed={r.seed} -> --seed: Megatron draws initial weights from its own generator "
+                 f"(same scheme: normal(0, 0.02), output projections scaled by 1/sqrt(2 x layers)), so the "
+                 f"starting tensors and hence the exact losses differ")
+    if r.device == "cpu":
+        notes.append("not mapped: run.device=cpu (Megatron-LM trains on CUDA GPUs)")
+    values = {"run.warmup_steps": r.warmup_steps, "run.timeline_steps": r.timeline_steps,
+              "run.threads_per_rank": r.threads_per_rank}
+    notes.append("not mapped (measurement only, no effect on training): "
+                 + ", ".join(f"{k}={values[k]}" for k in MEASUREMENT_ONLY))
+
+
+# ---- cost-model (planner) configs: the production-scale plan, e.g. search_spaces/preset-500b.yaml ----
+
+# Planner fields that only calibrate the cost model; they describe the cluster, not the training run.
+_PLAN_MODEL_ONLY = ("cluster.", "efficiency.")
+_PLAN_REQUIRED = ("model.num_layers", "model.hidden_size", "model.num_heads", "job.seq_len", "job.global_batch",
+                  "batch.micro_batch_size")
+
+
+def megatron_args_for_plan(plan: dict) -> tuple[list[str], list[str]]:
+    """The planner's config (``PlanConfig.to_dict()``, a model-backend ledger line's ``config``) as
+    Megatron-LM flags. Same contract as :func:`megatron_args`; any field this function does not know is
+    reported as not mapped, so a new planner knob cannot disappear on the way to production."""
+    args: list[str] = []
+    notes: list[str] = []
+    flat = flatten(plan)
+    used: set[str] = set()
+    missing = [k for k in _PLAN_REQUIRED if flat.get(k) is None]
+    if missing:
+        raise ValueError(f"not a planner config: missing {', '.join(missing)}")
+
+    def get(key: str, default: object = None) -> object:
+        used.add(key)
+        return flat.get(key, default)
+
+    def add(flag: str, *values: object) -> None:
+        args.append(flag)
+        args.extend(_fmt(v) for v in values)
+
+    h = get("model.hidden_size")
+    add("--num-layers", get("model.num_layers"))
+    add("--hidden-size", h)
+    add("--num-attention-heads", get("model.num_heads"))
+    add("--ffn-hidden-size", get("model.ffn_hidden_size") or 4 * int(h))  # the planner's 0 means 4 x hidden
+    seq = get("job.seq_len")
+    add("--seq-length", seq)
+    add("--max-position-embeddings", seq)
+    if not get("model.tied_embeddings", False):
+        add("--untie-embeddings-and-output-weights")
+    notes.append(f"not mapped: model.vocab_size={get('model.vocab_size')}: Megatron sizes the embedding from "
+                 f"the tokenizer (--tokenizer-type/--tokenizer-model); use the one whose size the plan assumed")
+    notes.append(f"not mapped: model.flash_attention={str(get('model.flash_attention')).lower()}: Megatron "
+                 f"picks the attention kernel itself (--attention-backend, default auto)")
+    add("--micro-batch-size", get("batch.micro_batch_size"))
+    add("--global-batch-size", get("job.global_batch"))
+    tp, pp = int(get("parallel.tp", 1)), int(get("parallel.pp", 1))
+    add("--tensor-model-parallel-size", tp)
+    add("--pipeline-model-parallel-size", pp)
+    if tp > 1 and get("parallel.sequence_parallel", False):
+        add("--sequence-parallel")
+    get("parallel.dp")  # Megatron derives it: world size / (tp x pp)
+    _plan_pipeline(flat, get, add, notes, pp)
+    _recompute({k.split(".", 1)[1]: get(k) for k in flat if k.startswith("recompute.")}, add, notes)
+    _plan_data_parallel(get, add, notes)
+    add("--bf16")
+    notes.append("converted: the cost model assumes bf16 training (its peak is the BF16 one) -> --bf16")
+    model_only = sorted(k for k in flat if k.startswith(_PLAN_MODEL_ONLY))
+    used.update(model_only)
+    if model_only:
+        notes.append("not mapped (cost-model inputs, no training effect): " + ", ".join(model_only))
+    for key in sorted(set(flat) - used):
+        notes.append(f"not mapped: {key}={flat[key]} (a planner field this export does not know)")
+    notes.append("not mapped: the plan has no optimizer, learning-rate schedule, data or --train-iters: "
+                 "add your production ones")
+    return args, notes
+
+
+def _plan_pipeline(flat: dict, get, add, notes: list[str], pp: int) -> None:
+    schedule, v = get("pipeline.schedule", "1f1b"), int(get("pipeline.virtual_stages", 1))
+    kind, first, last = get("pipeline.split.kind", "balanced"), get("pipeline.split.first"), get("pipeline.split.last")
+    if pp == 1:
+        return
+    if schedule == "gpipe":
+        notes.append("not mapped: pipeline.schedule=gpipe; Megatron's non-interleaved pipeline always runs 1F1B")
+    if kind == "first_last":
+        # The planner's first/last are per pipeline rank, with each rank's layers spread evenly over its
+        # virtual chunks: Megatron's meaning, which needs --num-virtual-stages-per-pipeline-rank with them.
+        if v > 1:
+            add("--num-virtual-stages-per-pipeline-rank", v)
+        add("--decoder-first-pipeline-num-layers", first)
+        add("--decoder-last-pipeline-num-layers", last)
+    elif v > 1:
+        add("--num-layers-per-virtual-pipeline-stage", int(get("model.num_layers")) // (pp * v))
+
+
+def _plan_data_parallel(get, add, notes: list[str]) -> None:
+    overlap, gather = get("data_parallel.overlap_grad_reduce", False), get("data_parallel.overlap_param_gather", False)
+    if get("data_parallel.distributed_optimizer", False):
+        add("--use-distributed-optimizer")
+    if overlap:
+        add("--overlap-grad-reduce")
+    if gather and overlap:
+        add("--overlap-param-gather")
+    elif gather:
+        notes.append("not mapped: data_parallel.overlap_param_gather=true without overlap_grad_reduce: Megatron "
+                     "accepts --overlap-param-gather only together with --overlap-grad-reduce")
+    dtype = get("data_parallel.grad_reduce_dtype", "fp32")
+    if dtype == "bf16":
+        add("--grad-reduce-in-bf16")
+    mb = get("data_parallel.bucket_mb")
+    if mb is not None:
+        # The planner defines its bucket in MB of bf16 gradients (2 bytes per parameter), whatever dtype
+        # the reduction then runs in: its timing model counts bucket_mb * 1e6 / 2 elements.
+        n = max(1, int(round(float(mb) * 1e6 / 2)))
+        add("--ddp-bucket-size", n)
+        notes.append(f"converted: data_parallel.bucket_mb={float(mb):g} -> --ddp-bucket-size {n} parameters "
+                     f"(the planner's MB of bf16 gradients: {float(mb):g} x 10^6 bytes / 2 bytes per element)")
+
+
+def _fmt(v: object) -> str:
+    return repr(v) if isinstance(v, float) else str(v)  # repr: the shortest text that reads back exactly
+
+
+def format_args(args: list[str]) -> str:
+    """One flag per line with its values: readable, and ``$(cat file)`` still word-splits it correctly."""
+    lines: list[list[str]] = []
+    for a in args:
+        if a.startswith("--") or not lines:
+            lines.append([a])
+        else:
+            lines[-1].append(a)
+    return "\n".join(" ".join(line) for line in lines) + "\n"

@@ -1,0 +1,354 @@
+"""MLflow tracking for a sweep: one parent run per sweep, one child run per trial.
+
+Everything goes through ``MlflowClient`` with explicit run ids and batched writes, never the global
+active-run stack (``mlflow.start_run``): the parent stays open while children are written, and the
+process-wide "active run" would leak between sweeps, tests and threads. Resume is by tags, not by memory: the parent is the run
+tagged ``steptune.sweep=<name>, steptune.role=parent``; a trial is the child tagged with its trial number
+and kind, so logging the same ledger line twice is a no-op. The ledger stays the source of truth; this
+module only mirrors it for review in the MLflow UI.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from orchestrator import sweep_plots
+from orchestrator.timeline import render_timeline
+from trainer.config import TrainConfig, flatten
+
+# MLflow's per-request limits (mlflow.utils.validation): 100 params+tags, 1000 entities in all.
+_MAX_PARAMS_TAGS, _MAX_ENTITIES = 100, 1000
+_SHORT_PARAM = 250  # sweep-config values longer than this live only in the YAML artifact
+_MAX_TAG = 5000
+_DONE = {"FINISHED", "FAILED", "KILLED"}
+# Trial status -> MLflow run status: only a finished measurement is FINISHED, so the UI's status
+# column already separates usable trials from the rest.
+_RUN_STATUS = {"ok": "FINISHED", "pruned": "KILLED", "skipped": "KILLED"}
+
+
+def tracking_uri_for(results_dir: Path) -> str:
+    """The default store: a sqlite database under the results directory (absolute, so any cwd works)."""
+    return f"sqlite:///{Path(results_dir).resolve() / 'mlflow.db'}"
+
+
+class Tracker:
+    def __init__(self, tracking_uri: str, experiment: str, artifact_root: Path | None = None) -> None:
+        self.tracking_uri = tracking_uri
+        # Resolved once: a relative sqlite path means the cwd of *now*, whatever cwd ui_command runs in.
+        self._db = db = _sqlite_path(tracking_uri)
+        if db is not None:
+            db.parent.mkdir(parents=True, exist_ok=True)
+            # Without an explicit location MLflow would put artifacts under ./mlruns of whatever the
+            # current directory is; keep them next to the database, under results/.
+            artifact_root = artifact_root or db.parent / "mlartifacts"
+        self.artifact_root = Path(artifact_root).resolve() if artifact_root else None
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.experiment_id = self._experiment(experiment)
+        self._sweep_names: dict[str, str] = {}  # parent run id -> sweep name, for lines that omit it
+
+    def _experiment(self, name: str) -> str:
+        exp = self.client.get_experiment_by_name(name)
+        if exp is None:
+            try:
+                return self.client.create_experiment(
+                    name, artifact_location=self.artifact_root.as_uri() if self.artifact_root else None)
+            except MlflowException:  # created concurrently by another process: use theirs
+                exp = self.client.get_experiment_by_name(name)
+                if exp is None:
+                    raise
+        if exp.lifecycle_stage == "deleted":
+            self.client.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+
+    # ---- sweep (parent run) ------------------------------------------------------------------
+
+    def start_sweep(self, sweep_name: str, sweep_config: dict[str, Any], target_s: float | None) -> str:
+        """The sweep's parent run id: created, or found again when the sweep resumes."""
+        found = self._search(f"tags.\"steptune.sweep\" = {_q(sweep_name)} and tags.\"steptune.role\" = 'parent'")
+        if found:
+            run = found[0]
+            run_id = run.info.run_id
+            if run.info.status != "RUNNING":
+                self.client.update_run(run_id, status="RUNNING")
+            old = run.data.params
+        else:
+            run_id = self.client.create_run(self.experiment_id, run_name=sweep_name, tags={
+                "steptune.sweep": sweep_name, "steptune.role": "parent",
+                "mlflow.note.content": f"steptune sweep `{sweep_name}`: one child run per trial (baseline, "
+                                      f"trials, confirmations). The sweep's ledger (trials.jsonl) is the "
+                                      f"source of truth; this is its mirror for review.",
+            }).info.run_id
+            old = {}
+        params = {k: v for k, v in _params(flatten(sweep_config)).items() if len(v) <= _SHORT_PARAM}
+        changed = sorted(k for k in params if k in old and old[k] != params[k])
+        tags = {"steptune.target_s": "none" if target_s is None else repr(float(target_s))}
+        if changed:  # params are immutable in MLflow: say so instead of failing the resumed sweep
+            tags["steptune.config_changed_on_resume"] = ",".join(changed)[:_MAX_TAG]
+        metrics = {} if target_s is None else {"target_step_time_s": float(target_s)}
+        self._log(run_id, metrics, {k: v for k, v in params.items() if k not in old}, tags)
+        self.client.log_text(run_id, _yaml(sweep_config), "sweep_config.yaml")
+        self._sweep_names[run_id] = sweep_name
+        return run_id
+
+    def log_trial(self, parent_run_id: str, record: dict[str, Any]) -> str:
+        """One child run for one ledger line; an already-logged (trial, kind) returns the existing run."""
+        trial, kind = record.get("trial"), record.get("kind", "trial")
+        for run in self._children(parent_run_id, f"tags.\"steptune.trial\" = {_q(str(trial))} "
+                                                 f"and tags.\"steptune.kind\" = {_q(kind)}"):
+            if run.info.status in _DONE:
+                return run.info.run_id
+            self.client.delete_run(run.info.run_id)  # half-logged before a crash: log it again, whole
+        status = record.get("status", "failed")
+        tags = {"mlflow.parentRunId": parent_run_id,
+                **_trial_tags(dict(record, sweep=record.get("sweep") or self._sweep_names.get(parent_run_id, "")))}
+        name = kind if kind == "baseline" else f"{kind}-{trial}"
+        run_id = self.client.create_run(self.experiment_id, start_time=_ms(record.get("started_at")),
+                                        tags=tags, run_name=name).info.run_id
+        metrics, steps = _trial_metrics(record)
+        self._log(run_id, metrics, _trial_params(record), {}, steps)
+        with tempfile.TemporaryDirectory(prefix="steptune-mlflow-") as tmp:
+            _write_trial_artifacts(Path(tmp), record)
+            self.client.log_artifacts(run_id, tmp)
+        self.client.set_terminated(run_id, _RUN_STATUS.get(status, "FAILED"), _ms(record.get("finished_at")))
+        if kind == "baseline" and status == "ok":
+            base = {f"baseline.{k}": v for k, v in metrics.items() if k in _HEADLINE - {"speedup_vs_baseline"}}
+            self._log(parent_run_id, base, {}, {"steptune.baseline_run_id": run_id})
+        return run_id
+
+    def log_best(self, parent_run_id: str, record: dict[str, Any]) -> None:
+        """Best-so-far on the parent: metrics with the trial number as step (a history), tags for the latest."""
+        metrics, _ = _trial_metrics(record)
+        step = record.get("trial") if isinstance(record.get("trial"), int) else 0
+        best = {f"best.{k}": v for k, v in metrics.items() if k in _HEADLINE}
+        best["best.trial"] = float(step)
+        run_id = record.get("mlflow_run_id") or next(
+            (r.info.run_id for r in self._children(
+                parent_run_id, f"tags.\"steptune.trial\" = {_q(str(record.get('trial')))} "
+                               f"and tags.\"steptune.kind\" = {_q(record.get('kind', 'trial'))}")), "")
+        tags = {"steptune.best_trial": str(record.get("trial")), "steptune.best_kind": str(record.get("kind")),
+                "steptune.best_run_id": run_id, "steptune.best_meets_target": _flag(record.get("meets_target"))}
+        self._log(parent_run_id, best, {}, tags, step=step)
+
+    def finish_sweep(self, parent_run_id: str, summary: dict[str, Any], study: Any, table_text: str) -> None:
+        """Final pictures, table and summary on the parent, which is then marked FINISHED."""
+        numeric = {f"final.{k}": v for k, v in _numbers(summary).items()}
+        # A relative target is only known once the baseline is measured: prefer the summary's.
+        target = summary.get("target_s")
+        if not isinstance(target, (int, float)):
+            tag = self.client.get_run(parent_run_id).data.tags.get("steptune.target_s", "none")
+            target = None if tag == "none" else float(tag)
+        else:
+            numeric["target_step_time_s"] = float(target)
+        points = [_point(r) for r in self._children(parent_run_id, "")]
+        with tempfile.TemporaryDirectory(prefix="steptune-mlflow-") as tmp:
+            out = Path(tmp)
+            (out / "summary_table.txt").write_text(table_text)
+            (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+            notes = sweep_plots.write_all(out / "plots", study, points, target)
+            if notes:
+                (out / "plots" / "NOTES.txt").write_text("\n".join(notes) + "\n")
+            self.client.log_artifacts(parent_run_id, tmp)
+        self._log(parent_run_id, numeric, {}, {} if target is None else {"steptune.target_s": repr(float(target))})
+        self.client.set_terminated(parent_run_id, "FINISHED")
+
+    def ui_command(self) -> str:
+        """The exact command that opens this store in the MLflow UI."""
+        uri = self.tracking_uri
+        if uri.startswith(("http://", "https://")):
+            return f"open {uri} in a browser (the tracking server serves the UI)"
+        cmd = ["mlflow", "ui", "--backend-store-uri", f"sqlite:///{self._db}" if self._db is not None else uri]
+        if self.artifact_root is not None:
+            cmd += ["--default-artifact-root", self.artifact_root.as_uri()]
+        return shlex.join(cmd)
+
+    # ---- plumbing --------------------------------------------------------------------------------
+
+    def _search(self, filter_string: str) -> list:
+        runs, token = [], None
+        while True:
+            page = self.client.search_runs([self.experiment_id], filter_string, max_results=1000,
+                                           page_token=token, order_by=["attributes.start_time ASC"])
+            runs.extend(page)
+            token = page.token
+            if not token:
+                return runs
+
+    def _children(self, parent_run_id: str, extra: str) -> list:
+        where = f"tags.\"mlflow.parentRunId\" = {_q(parent_run_id)}"
+        return self._search(f"{where} and {extra}" if extra else where)
+
+    def _log(self, run_id: str, metrics: dict[str, float], params: dict[str, str], tags: dict[str, str],
+             steps: Iterable[tuple[str, int, float]] = (), step: int = 0) -> None:
+        ts = int(time.time() * 1000)
+        ms = [Metric(k, v, ts, step) for k, v in metrics.items()] + [Metric(k, v, ts, s) for k, s, v in steps]
+        pt = [Param(k, v) for k, v in params.items()] + [RunTag(k, v) for k, v in tags.items()]
+        # Chunk to MLflow's batch limits; params and tags share one budget.
+        while ms or pt:
+            head_pt, pt = pt[:_MAX_PARAMS_TAGS], pt[_MAX_PARAMS_TAGS:]
+            head_ms, ms = ms[:_MAX_ENTITIES - len(head_pt)], ms[_MAX_ENTITIES - len(head_pt):]
+            self.client.log_batch(run_id, metrics=head_ms, params=[p for p in head_pt if isinstance(p, Param)],
+                                  tags=[t for t in head_pt if isinstance(t, RunTag)])
+
+
+_HEADLINE = {"step_time_s", "tokens_per_s", "mfu", "hfu", "peak_memory_bytes", "speedup_vs_baseline",
+             "phase.dp_comm_wait_s", "phase.pipeline_idle_s"}
+
+
+def _trial_tags(record: dict[str, Any]) -> dict[str, str]:
+    parity = record.get("parity")
+    verdict = "not_checked" if not parity else ("passed" if parity.get("passed") else "failed")
+    backend = str(record.get("backend", "ray"))
+    tags = {
+        "steptune.role": "trial", "steptune.sweep": str(record.get("sweep", "")),
+        "steptune.trial": str(record.get("trial")), "steptune.kind": str(record.get("kind", "trial")),
+        "steptune.status": str(record.get("status", "failed")),
+        "steptune.failure_reason": str(record.get("reason") or "")[:_MAX_TAG],
+        "steptune.optuna_trial": str(record.get("optuna_trial", record.get("trial"))),
+        "steptune.meets_target": _flag(record.get("meets_target")), "steptune.parity": verdict,
+        "steptune.backend": backend,
+        # A cost-model prediction must never be mistaken for a measurement in the UI or a query.
+        "steptune.measurement": "prediction" if backend == "model" else "measured",
+    }
+    if parity and not parity.get("passed"):
+        tags["steptune.parity_first_fail"] = (f"step {parity.get('first_fail_step')}: "
+                                              f"{parity.get('first_fail_metric')}")
+    return tags
+
+
+def _trial_params(record: dict[str, Any]) -> dict[str, str]:
+    config = record.get("config") or {}
+    params = _params(flatten(config))
+    for k, v in _params(record.get("params") or {}).items():
+        params.setdefault(k, v)  # a search param outside the config is kept; the config's value wins
+    result = record.get("result") or {}
+    derived = {k: result[k] for k in ("world_size", "n_microbatches") if k in result}
+    try:
+        if config:  # an empty mapping would validate as the default config: derive nothing from it
+            cfg = TrainConfig.from_dict(config)
+            derived = {"world_size": cfg.world_size, "dp": cfg.parallel.dp, "pp": cfg.parallel.pp,
+                       "n_microbatches": cfg.n_microbatches,
+                       "stage_layers": ",".join(str(len(s)) for s in cfg.stage_layers())}
+    except (ValueError, TypeError):  # a planner config (model backend): its own parallel layout
+        par, job = config.get("parallel") or {}, config.get("job") or {}
+        mbs = (config.get("batch") or {}).get("micro_batch_size")
+        if all(isinstance(par.get(k), int) for k in ("tp", "pp", "dp")):
+            derived = {"world_size": par["tp"] * par["pp"] * par["dp"], "tp": par["tp"], "pp": par["pp"],
+                       "dp": par["dp"]}
+            if isinstance(job.get("global_batch"), int) and isinstance(mbs, int):
+                derived["n_microbatches"] = job["global_batch"] // (mbs * par["dp"])
+    params.update(_params({f"derived.{k}": v for k, v in derived.items()}))
+    return params
+
+
+def _trial_metrics(record: dict[str, Any]) -> tuple[dict[str, float], list[tuple[str, int, float]]]:
+    result = record.get("result") or {}
+    out: dict[str, float] = {}
+    out.update(_numbers(result.get("summary") or {}))
+    for phase, mm in (result.get("phases") or {}).items():
+        # Exposed time is what the slowest rank waits: the max over ranks is the headline.
+        out[f"phase.{phase}_s"] = _num(mm.get("max"))
+        out[f"phase.{phase}_min_s"] = _num(mm.get("min"))
+    out.update({f"memory.{k}": _num(v.get("max")) for k, v in (result.get("memory") or {}).items()})
+    for k in ("reduce_start_after_backward_s", "replica_max_abs_diff"):
+        if isinstance(result.get(k), (int, float)):
+            out[k] = _num(result[k])
+    out.update(_numbers(record.get("metrics") or {}))  # the sweep's own numbers win on a name clash
+    out.update({f"parity.{k}": v for k, v in _numbers(record.get("parity") or {}).items()})
+    out.update({f"prediction.{k}": v for k, v in _numbers(record.get("prediction") or {}).items()})
+    for k in ("wall_s", "overhead_s"):
+        if isinstance(record.get(k), (int, float)):
+            out[f"trial.{k}"] = _num(record[k])
+    steps = []
+    for s in result.get("steps") or []:
+        for key, name in (("loss", "step/loss"), ("time_s", "step/time_s"), ("grad_norm", "step/grad_norm")):
+            if isinstance(s.get(key), (int, float)):
+                steps.append((name, int(s["step"]), _num(s[key])))
+    return {k: v for k, v in out.items() if v is not None}, steps
+
+
+def _write_trial_artifacts(out: Path, record: dict[str, Any]) -> None:
+    if record.get("config"):
+        # A model-backend line holds the planner's production-scale plan, not something the trainer runs.
+        name = "plan.yaml" if record.get("backend") == "model" else "trainer_config.yaml"
+        (out / name).write_text(_yaml(record["config"]))
+    (out / "ledger_record.json").write_text(json.dumps(record, indent=1, default=str))
+    result = record.get("result")
+    if not result:
+        return
+    (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
+    if any(r.get("spans") for r in result.get("ranks") or []):
+        try:
+            render_timeline(result, out / "timeline.png")
+        except Exception as exc:  # a picture must never cost the trial its run; say why it is missing
+            (out / "timeline_error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+    for extra in record.get("artifacts") or []:  # e.g. a torch.profiler trace the trial wrote
+        p = Path(extra)
+        if p.is_file():
+            (out / p.name).write_bytes(p.read_bytes())
+
+
+def _point(run) -> dict[str, Any]:
+    m, t = run.data.metrics, run.data.tags
+    return {"trial": t.get("steptune.trial"), "kind": t.get("steptune.kind"), "status": t.get("steptune.status"),
+            "parity": t.get("steptune.parity"), "prediction": t.get("steptune.measurement") == "prediction",
+            "step_time_s": m.get("step_time_s"), "peak_memory_bytes": m.get("peak_memory_bytes")}
+
+
+def _numbers(d: dict[str, Any]) -> dict[str, float]:
+    """Numeric leaves of a nested mapping, dotted names; booleans as 0/1, non-finite as NaN."""
+    return {k: _num(v) for k, v in flatten(d).items() if isinstance(v, (int, float))}
+
+
+def _num(v: Any) -> float | None:
+    if v is None:
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else math.nan  # MLflow stores NaN but turns inf into 1.8e308
+
+
+def _params(flat: dict[str, Any]) -> dict[str, str]:
+    return {k[:250]: v if isinstance(v, str) else json.dumps(v, default=str) for k, v in flat.items()}
+
+
+def _flag(v: Any) -> str:
+    return "unknown" if v is None else ("true" if v else "false")
+
+
+def _yaml(d: dict[str, Any]) -> str:
+    return yaml.safe_dump(json.loads(json.dumps(d, default=str)), sort_keys=False)
+
+
+def _q(value: str) -> str:
+    if "'" in value:
+        raise ValueError(f"{value!r}: a name with a single quote cannot be used in an MLflow search")
+    return f"'{value}'"
+
+
+def _ms(t: Any) -> int | None:
+    """started_at/finished_at as epoch milliseconds: epoch seconds, epoch ms or ISO-8601 accepted."""
+    if isinstance(t, (int, float)) and not isinstance(t, bool):
+        return int(t if t > 1e11 else t * 1000)
+    if isinstance(t, str):
+        try:
+            return int(datetime.fromisoformat(t).timestamp() * 1000)
+        except ValueError:
+            return None
+    return None
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    if not uri.startswith("sqlite:///") or ":memory:" in uri:
+        return None
+    return Path(uri[len("sqlite:///"):].split("?", 1)[0]).resolve()
