@@ -1,0 +1,339 @@
+"""The sweep file: YAML + CLI dotlist (OmegaConf, at the edge only) -> plain frozen dataclasses, validated once.
+
+Everything a sweep needs is checked here, before Ray or a store is touched: unknown keys and wrong types
+(named by their dotted path), the target, the search space, and that every config the space can produce
+is a valid trainer (or planner) config and a throughput-only change (``parity.check_space_is_throughput_only``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from orchestrator.space import Space, enumerate_space, parse_space
+from orchestrator.target import Target, parse_target
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SWEEP = REPO_ROOT / "search_spaces" / "default.yaml"
+BACKENDS = ("ray", "model")
+SAMPLERS = ("tpe", "random", "cmaes", "qmc", "gp")
+PLACEMENTS = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
+
+
+@dataclass(frozen=True)
+class ConfirmConfig:
+    repeats: int = 1
+    """Re-measurements of a config that meets the target and passes parity; all must meet it again."""
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    n_trials: int = 16
+    """Finished Optuna trials in the study, baseline included (a resumed study counts what it has)."""
+    wall_time_s: Optional[float] = 300.0
+    """No new trial starts once this much of this invocation's time is spent (null: no limit)."""
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    kind: str = "tpe"
+    seed: Optional[int] = 0
+    multivariate: bool = True
+    """TPE only: model the params jointly (with group decomposition for conditional params)."""
+    n_startup_trials: int = 4
+    """Random trials before TPE/CMA-ES/GP start modelling (the baseline counts)."""
+
+
+@dataclass(frozen=True)
+class PruningConfig:
+    enabled: bool = True
+    after_steps: int = 3
+    """Measured (post warm-up) steps in the probe run."""
+    slower_than_best: float = 1.5
+    """Prune when the probe's median step time exceeds this multiple of the best so far."""
+
+
+@dataclass(frozen=True)
+class ResourcesConfig:
+    world_size: int = 2
+    cpus_per_rank: float = 1.0
+    gpus_per_rank: float = 0.0
+    trial_timeout_s: float = 120.0
+    """Wall-clock limit of one run on the worker group; past it the group is killed and rebuilt."""
+    concurrent_trials: int = 1
+    """Worker groups, each running one trial at a time."""
+    placement: str = "STRICT_PACK"
+    """Placement-group strategy for one group's ranks (STRICT_PACK: one node)."""
+    memory_budget_gb: Optional[float] = None
+    """Peak memory per rank above this makes a trial infeasible (a constraint, not a failure)."""
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    address: Optional[str] = None
+    """null: embedded local Ray; "auto" or "ray://host:10001" or "host:6379": an existing cluster."""
+    dashboard: bool = False
+    temp_dir: Optional[str] = None
+    """Embedded Ray's session directory (default: <system temp>/steptune-ray)."""
+    runtime_env: Optional[dict] = None
+    """Ray runtime_env for the worker actors (default on an existing cluster: this repository as working_dir)."""
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    results_dir: str = "results"
+    optuna_url: Optional[str] = None
+    """Any SQLAlchemy URL Optuna's RDBStorage takes; null: sqlite:///<results_dir>/optuna.db."""
+    mlflow_uri: Optional[str] = None
+    """null: sqlite:///<results_dir>/mlflow.db."""
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    enabled: bool = True
+    experiment: str = "steptune"
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    name: str = "default"
+    backend: str = "ray"
+    description: str = ""
+    trainer: dict = field(default_factory=dict)
+    trainer_config: Optional[str] = None
+    planner: dict = field(default_factory=dict)
+    baseline: dict = field(default_factory=dict)
+    space: Space = None  # type: ignore[assignment]
+    target: Target = field(default_factory=Target)
+    enqueue: list = field(default_factory=list)
+    """Param sets to try right after the baseline (flat dotted, in the space's terms)."""
+    confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    pruning: PruningConfig = field(default_factory=PruningConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    source: Optional[str] = None
+    """The sweep file this came from (set by load_sweep, not by the file)."""
+    raw: dict = field(default_factory=dict, compare=False, repr=False)
+    """The merged mapping as given, for the record (MLflow, the study)."""
+
+    @property
+    def results_dir(self) -> Path:
+        return Path(self.storage.results_dir).resolve() / self.name
+
+    @property
+    def optuna_url(self) -> str:
+        return self.storage.optuna_url or f"sqlite:///{Path(self.storage.results_dir).resolve() / 'optuna.db'}"
+
+    @property
+    def mlflow_uri(self) -> str:
+        return self.storage.mlflow_uri or f"sqlite:///{Path(self.storage.results_dir).resolve() / 'mlflow.db'}"
+
+
+# ---- loading ---------------------------------------------------------------------------------
+
+def load_sweep(path: str | Path | None = None, dotlist: list[str] | None = None, check: bool = True) -> SweepConfig:
+    """Read a sweep file, apply ``key=value`` overrides, validate; ValueError names the field."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    path = Path(path) if path else DEFAULT_SWEEP
+    for item in dotlist or []:
+        if "=" not in item or item.startswith("="):
+            raise ValueError(f"override {item!r} must look like dotted.key=value (e.g. budget.n_trials=30)")
+    if not path.is_file():
+        raise ValueError(f"--config {path}: no such sweep file")
+    try:
+        base = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
+        cli = OmegaConf.to_container(OmegaConf.from_dotlist(list(dotlist or [])), resolve=True)
+    except (OmegaConfBaseException, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None
+    if not isinstance(base, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    # A target given on the command line replaces the file's target of another kind instead of adding a second.
+    if isinstance(cli.get("target"), dict) and isinstance(base.get("target"), dict):
+        base["target"] = {k: v for k, v in base["target"].items() if k in cli["target"]}
+    merged = OmegaConf.to_container(OmegaConf.merge(base, cli), resolve=True)
+    cfg = from_dict(merged, source=path)
+    if check:
+        check_sweep(cfg)
+    return cfg
+
+
+def from_dict(data: dict[str, Any], source: Path | None = None) -> SweepConfig:
+    from trainer.config import flatten
+
+    data, raw = dict(data), dict(data)
+    trainer_file = data.get("trainer_config")
+    if trainer_file is not None:
+        if not isinstance(trainer_file, str):
+            raise ValueError("trainer_config: expected a path to a trainer YAML file")
+        from_file = _read_yaml(_relative(trainer_file, source), "trainer_config")
+        data["trainer"] = _merge(from_file, data.get("trainer") or {})
+    space = parse_space(data.pop("space", None))
+    target = parse_target(data.pop("target", None))
+    cfg = _build(SweepConfig, data, "")
+    cfg = dataclasses.replace(cfg, space=space, target=target, source=str(source) if source else None, raw=raw,
+                              baseline=flatten(cfg.baseline))  # nested or dotted keys both accepted
+    _check_fields(cfg)
+    return cfg
+
+
+def _check_fields(cfg: SweepConfig) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", cfg.name):
+        raise ValueError(f"name={cfg.name!r}: use letters, digits, '_', '-', '.' "
+                         f"(it names results/<name>/ and the study)")
+    _one_of("backend", cfg.backend, BACKENDS)
+    _one_of("sampler.kind", cfg.sampler.kind, SAMPLERS)
+    _one_of("resources.placement", cfg.resources.placement, PLACEMENTS)
+    checks = [
+        ("budget.n_trials", cfg.budget.n_trials >= 1), ("confirm.repeats", cfg.confirm.repeats >= 0),
+        ("budget.wall_time_s", cfg.budget.wall_time_s is None or cfg.budget.wall_time_s > 0),
+        ("pruning.after_steps", cfg.pruning.after_steps >= 1),
+        ("pruning.slower_than_best", cfg.pruning.slower_than_best > 1),
+        ("resources.world_size", cfg.resources.world_size >= 1),
+        ("resources.cpus_per_rank", cfg.resources.cpus_per_rank >= 0),
+        ("resources.gpus_per_rank", cfg.resources.gpus_per_rank >= 0),
+        ("resources.trial_timeout_s", cfg.resources.trial_timeout_s > 0),
+        ("resources.concurrent_trials", cfg.resources.concurrent_trials >= 1),
+        ("resources.memory_budget_gb", cfg.resources.memory_budget_gb is None or cfg.resources.memory_budget_gb > 0),
+        ("sampler.n_startup_trials", cfg.sampler.n_startup_trials >= 0),
+    ]
+    for name, ok in checks:
+        if not ok:
+            raise ValueError(f"{name}={_get(cfg, name)!r} is out of range")
+    if cfg.backend == "model" and not cfg.planner:
+        raise ValueError("planner: backend: model needs a planner: section (the cluster and model to predict)")
+    if cfg.backend == "ray" and cfg.planner:
+        raise ValueError("planner: only used with backend: model")
+    for i, entry in enumerate(cfg.enqueue):
+        if not isinstance(entry, dict):
+            raise ValueError(f"enqueue[{i}]: expected a mapping of space param: value")
+
+
+def check_sweep(cfg: SweepConfig) -> None:
+    """Everything that needs the trainer/planner: the baseline, the space's configs, the enqueued params."""
+    from orchestrator import backends, parity
+
+    configs = backends.configs_for(cfg)
+    parity.check_space_is_throughput_only(cfg.space.override_keys)
+    if cfg.backend == "ray" and "parallel.dp" in cfg.space.override_keys:
+        raise ValueError("space.params.parallel.dp: dp is derived per trial as resources.world_size / parallel.pp")
+    configs.baseline_params(cfg.space)
+    bad: list[str] = []
+    seen = 0
+    for params, overrides in enumerate_space(cfg.space, configs.fixed, configs.split_context):
+        seen += 1
+        try:
+            configs.build(overrides)
+        except ValueError as e:
+            bad.append(f"  {_show(params)}: {e}")
+    if bad:
+        raise ValueError(
+            f"space: {len(bad)} of the {seen} configs checked are invalid for the {cfg.backend} backend; narrow "
+            f"these params or add when: conditions so they cannot be combined:\n" + "\n".join(bad[:8])
+            + (f"\n  ... and {len(bad) - 8} more" if len(bad) > 8 else ""))
+    for i, entry in enumerate(cfg.enqueue):
+        try:
+            configs.build(configs.overrides_for(cfg.space, entry))
+        except ValueError as e:
+            raise ValueError(f"enqueue[{i}] {_show(entry)}: {e}") from None
+
+
+def _show(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items()) or "(no params)"
+
+
+# ---- mapping -> dataclasses, with dotted paths in every error --------------------------------
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path or 'sweep'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in ("source", "raw", "space", "target")}
+    for key, value in data.items():
+        if key not in fields:
+            dotted = f"{path}.{key}" if path else str(key)
+            children = [f"{dotted}.{k}" for k in value] if isinstance(value, dict) else []
+            hint = next((h for h in map(_suggestion, [dotted, *children]) if h), "")
+            raise ValueError(f"unknown field {dotted}{hint}; allowed here: {sorted(fields)}")
+    return cls(**{k: _coerce(hints[k], v, f"{path}.{k}" if path else k) for k, v in data.items()})
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    if typing.get_origin(tp) is typing.Union:
+        if value is None:
+            return None
+        (tp,) = [a for a in typing.get_args(tp) if a is not type(None)]
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)
+    expected = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+                dict: "a mapping", list: "a list"}[tp]
+    ok = isinstance(value, tp) and not (tp in (int, float) and isinstance(value, bool))
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        ok, value = True, float(value)
+    if not ok:
+        raise ValueError(f"{path}: expected {expected}, got {value!r}")
+    return value
+
+
+def _all_paths(cls: type = SweepConfig, prefix: str = "") -> list[str]:
+    out = []
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        out.append(prefix + f.name)
+        if dataclasses.is_dataclass(tp):
+            out += _all_paths(tp, f"{prefix}{f.name}.")
+    return out + ["target.step_time_s", "target.relative_to_baseline", "target.schedule", "space.params"]
+
+
+def _suggestion(dotted: str) -> str:
+    """'search.n_trials' -> ' (did you mean budget.n_trials?)': match on the last part first, then the whole."""
+    paths = _all_paths()
+    leaf = [p for p in paths if p.rsplit(".", 1)[-1] == dotted.rsplit(".", 1)[-1] and p != dotted]
+    close = leaf or difflib.get_close_matches(dotted, paths, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _one_of(name: str, value: str, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} must be one of {list(allowed)}")
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _relative(path: str, source: Path | None) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() or source is None else source.parent / p
+
+
+def _read_yaml(path: Path, field_name: str) -> dict:
+    import yaml
+
+    if not path.is_file():
+        raise ValueError(f"{field_name}: {path} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{field_name}: {path} must hold a mapping")
+    return data
+
+
+def _merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

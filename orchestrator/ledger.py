@@ -1,0 +1,180 @@
+"""The ledger: ``results/<sweep>/trials.jsonl``, one JSON line per finished trial, the source of truth.
+
+A line is written, flushed and fsynced before the result is told to Optuna or mirrored to MLflow, so a
+crash of the driver or of any store loses nothing that was measured; resuming reads it back. Lines are
+only ever appended. A line cut short by a killed driver (no trailing newline) is the one exception: it was
+never told to anyone, so it is set aside (into ``trials.jsonl.torn``) and its trial runs again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import statistics
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+KINDS = ("baseline", "trial", "confirm")
+STATUSES = ("ok", "failed", "oom", "timeout", "nan", "infeasible", "pruned", "skipped")
+KEYS = ("sweep", "trial", "kind", "backend", "params", "config", "status", "reason", "result", "prediction",
+        "parity", "metrics", "meets_target", "wall_s", "overhead_s", "started_at", "finished_at")
+
+
+class LedgerBusy(RuntimeError):
+    """Another driver is writing this ledger."""
+
+
+class Ledger:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """One writer per ledger: a second driver of the same sweep would treat the first one's trials as dead."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock = self.path.with_name(".driver.lock")
+        with open(lock, "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                raise LedgerBusy(f"{self.path.parent.name!r} is already being run by another driver (pid "
+                                 f"{f.read().strip() or '?'}; lock {lock})") from None
+            f.truncate(0)
+            f.write(str(os.getpid()))
+            f.flush()
+            yield
+
+    def append(self, record: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._set_aside_torn_tail()
+        line = json.dumps(record, sort_keys=False, default=_jsonable) + "\n"
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        out = []
+        text = self.path.read_text(encoding="utf-8")
+        for n, line in enumerate(text.splitlines(keepends=True), 1):
+            if not line.endswith("\n"):
+                break  # torn tail: never told to anyone
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{self.path}:{n}: not a JSON line ({e}); edited by hand?") from None
+        return out
+
+    def _set_aside_torn_tail(self) -> None:
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        with open(self.path, "rb+") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) == b"\n":
+                return
+            f.seek(0)
+            data = f.read()
+            cut = data.rfind(b"\n") + 1
+            with open(self.path.with_name(self.path.name + ".torn"), "ab") as torn:
+                torn.write(data[cut:] + b"\n")
+            f.truncate(cut)
+
+
+def record(*, sweep: str, trial: int, kind: str, backend: str, params: dict, config: dict, status: str,
+           reason: str | None, result: dict | None, prediction: dict | None, parity: dict | None,
+           metrics: dict, meets_target: bool, wall_s: float, overhead_s: float | None, started_at: float,
+           finished_at: float, **extra: Any) -> dict[str, Any]:
+    """One ledger line, with the schema's keys in order (tracking and export read these names)."""
+    if kind not in KINDS or status not in STATUSES:
+        raise ValueError(f"ledger: kind={kind!r} / status={status!r} not in {KINDS} / {STATUSES}")
+    line = {"sweep": sweep, "trial": trial, "kind": kind, "backend": backend, "params": params, "config": config,
+            "status": status, "reason": reason, "result": result, "prediction": prediction, "parity": parity,
+            "metrics": metrics, "meets_target": meets_target, "wall_s": wall_s, "overhead_s": overhead_s,
+            "started_at": _iso(started_at), "finished_at": _iso(finished_at)}
+    line.update(extra)
+    return line
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _jsonable(obj: Any) -> Any:
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    raise TypeError(f"ledger: cannot write {type(obj).__name__}")
+
+
+# ---- reading a ledger back ---------------------------------------------------------------------
+
+def measured(records: Iterable[dict]) -> list[dict]:
+    """Baseline and trial lines (not confirms): one per Optuna trial."""
+    return [r for r in records if r["kind"] in ("baseline", "trial")]
+
+
+def baseline_of(records: Iterable[dict]) -> dict | None:
+    """The baseline line to measure against: the last one that ran ok, else the last attempt."""
+    lines = [r for r in records if r["kind"] == "baseline"]
+    return next((r for r in reversed(lines) if r["status"] == "ok"), lines[-1] if lines else None)
+
+
+def best_of(records: Iterable[dict]) -> dict | None:
+    """The fastest usable line: status ok (measured or predicted, parity passed or not applicable)."""
+    ok = [r for r in measured(records) if r["status"] == "ok" and r["metrics"].get("step_time_s")]
+    return min(ok, key=lambda r: r["metrics"]["step_time_s"], default=None)
+
+
+def confirmed_winner(records: list[dict], repeats: int) -> dict | None:
+    """The first line that met the target and whose ``repeats`` confirm lines all met it again.
+
+    Predictions (model backend) are never re-run: the first predicted line under the target is the answer.
+    """
+    for r in measured(records):
+        if not r["meets_target"]:
+            continue
+        if r["backend"] == "model" or repeats == 0:
+            return r
+        confirms = [c for c in records if c["kind"] == "confirm" and c["trial"] == r["trial"]]
+        if len(confirms) >= repeats and all(c["meets_target"] for c in confirms[:repeats]):
+            return r
+    return None
+
+
+def unconfirmed(records: list[dict], repeats: int) -> dict | None:
+    """A line that met the target but has not been through its confirm runs yet (the driver died between)."""
+    for r in measured(records):
+        confirms = [c for c in records if c["kind"] == "confirm" and c["trial"] == r["trial"]]
+        if (r["meets_target"] and r["backend"] == "ray" and len(confirms) < repeats
+                and all(c["meets_target"] for c in confirms)):
+            return r
+    return None
+
+
+def overhead_stats(records: Iterable[dict]) -> dict[str, float | None]:
+    per_trial = [r["overhead_s"] for r in records if r.get("overhead_s") is not None and r["backend"] == "ray"]
+    return {"median_s": statistics.median(per_trial) if per_trial else None,
+            "max_s": max(per_trial, default=None), "n": len(per_trial)}
+
+
+def pruning_stats(records: Iterable[dict]) -> dict[str, float]:
+    """Time pruning saved (estimated: the updates a pruned trial skipped, at its probe's pace) and what the
+    probes of the trials that were kept cost (measured)."""
+    saved = cost = 0.0
+    n_pruned = 0
+    for r in records:
+        probe = r.get("probe") or {}
+        if r["status"] == "pruned":
+            n_pruned += 1
+            saved += probe.get("skipped_steps", 0) * probe.get("step_time_s", 0.0)
+        elif probe:
+            cost += probe.get("wall_s", 0.0)
+    return {"pruned": n_pruned, "saved_s": saved, "probe_cost_s": cost, "net_s": saved - cost}

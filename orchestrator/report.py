@@ -1,0 +1,188 @@
+"""What a person reads: the live progress lines, the final table, the summary. All from ledger lines.
+
+Predicted (model backend) numbers are marked ``~`` and the table says they are predictions.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+from orchestrator import ledger as L
+from orchestrator.target import Target
+
+_SHORT = {"batch.micro_batch_size": "mbs", "parallel.pp": "pp", "pipeline.schedule": "sched",
+          "pipeline.virtual_stages": "v", "pipeline.split.first": "first", "pipeline.split.last": "last",
+          "data_parallel.overlap_grad_reduce": "overlap", "data_parallel.bucket_mb": "bucket_mb",
+          "data_parallel.kind": "dp", "recompute.kind": "recompute", "recompute.num_layers": "rc_layers",
+          "recompute.method": "rc_method", "pipeline.split.kind": "split",
+          "data_parallel.overlap_param_gather": "param_gather"}
+
+
+def short_params(params: dict[str, Any]) -> str:
+    def fmt(v: Any) -> str:
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+    return " ".join(f"{_SHORT.get(k, k)}={fmt(v)}" for k, v in params.items())
+
+
+def secs(v: float | None, predicted: bool = False) -> str:
+    if v is None:
+        return "-"
+    s = f"{v * 1000:.1f} ms" if v < 1 else f"{v:.3f} s"
+    return "~" + s if predicted else s
+
+
+def _mem(b: int | float | None) -> str:
+    if not b:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if b < 1024 or unit == "TiB":
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
+        b /= 1024
+    return "-"
+
+
+def _parity(r: dict) -> str:
+    p = r.get("parity")
+    if p is None:
+        return "n/a" if r["backend"] == "model" else "-"
+    return "pass" if p["passed"] else f"FAIL {p['first_fail_metric']}@{p['first_fail_step']}"
+
+
+def table(records: list[dict], limit: int | None = None) -> str:
+    """Ranked: usable lines by step time first, then everything else by trial number."""
+    rows = L.measured(records)
+    confirms = {r["trial"]: r for r in records if r["kind"] == "confirm"}
+    ok = sorted((r for r in rows if r["status"] == "ok"), key=lambda r: r["metrics"]["step_time_s"])
+    rest = sorted((r for r in rows if r["status"] != "ok"), key=lambda r: r["trial"])
+    model = any(r["backend"] == "model" for r in rows)
+    head = ["rank", "trial", "kind", "step time" + (" (pred.)" if model else ""), "speedup", "peak mem", "MFU",
+            "parity", "status", "params / reason"]
+    body = []
+    for i, r in enumerate(ok + rest):
+        m, pred = r["metrics"], r["backend"] == "model"
+        status = r["status"] + (" *" if r["meets_target"] else "")
+        if r["trial"] in confirms:
+            status += " confirmed" if confirms[r["trial"]]["meets_target"] else " unconfirmed"
+        mfu = m.get("mfu")
+        body.append([str(i + 1) if r["status"] == "ok" else "-", str(r["trial"]), r["kind"],
+                     secs(m.get("step_time_s"), pred),
+                     f"{m['speedup_vs_baseline']:.2f}x" if m.get("speedup_vs_baseline") else "-",
+                     _mem(m.get("peak_memory_bytes")), f"{mfu:.1%}" if mfu is not None else "-", _parity(r), status,
+                     short_params(r["params"]) if r["status"] in ("ok", "pruned") else (r["reason"] or "")[:90]])
+    if limit is not None:
+        body = body[:limit]
+    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in body]
+    lines.append("* meets the target" + ("; ~ predicted by the planner, not measured" if model else ""))
+    return "\n".join(lines)
+
+
+def summarize(records: list[dict], target: Target, repeats: int) -> dict[str, Any]:
+    base = L.baseline_of(records)
+    base_s = base["metrics"].get("step_time_s") if base and base["status"] == "ok" else None
+    target_s = target.seconds(base_s)
+    best = L.best_of(records)
+    winner = L.confirmed_winner(records, repeats) if target_s is not None else None
+    rows = L.measured(records)
+    statuses: dict[str, int] = {}
+    for r in rows:
+        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+    best_s = best["metrics"]["step_time_s"] if best else None
+    return {
+        "n_trials": len(rows), "statuses": statuses, "backend": rows[0]["backend"] if rows else None,
+        "baseline_trial": base["trial"] if base else None, "baseline_step_time_s": base_s,
+        "best_trial": best["trial"] if best else None, "best_step_time_s": best_s,
+        "best_params": best["params"] if best else None,
+        "best_speedup": best["metrics"].get("speedup_vs_baseline") if best else None,
+        "target": target.describe(base_s), "target_s": target_s,
+        "target_met": winner is not None, "winner_trial": winner["trial"] if winner else None,
+        "distance_to_target_s": (best_s - target_s) if best_s is not None and target_s is not None else None,
+        "overhead": L.overhead_stats(rows), "pruning": L.pruning_stats(rows),
+        "trials_wall_s": sum(r["wall_s"] or 0.0 for r in records),
+    }
+
+
+def summary_text(s: dict[str, Any]) -> str:
+    pred = s["backend"] == "model"
+    out = [f"trials: {s['n_trials']} ({', '.join(f'{k} {v}' for k, v in sorted(s['statuses'].items()))}); "
+           f"time in trials {s['trials_wall_s']:.1f} s"]
+    if s["baseline_step_time_s"] is not None:
+        out.append(f"baseline (trial {s['baseline_trial']}): {secs(s['baseline_step_time_s'], pred)} per update")
+    if s["best_trial"] is not None:
+        out.append(f"best (trial {s['best_trial']}): {secs(s['best_step_time_s'], pred)} per update"
+                   + (f", {s['best_speedup']:.2f}x the baseline" if s["best_speedup"] else "")
+                   + f"  [{short_params(s['best_params'])}]")
+    out.append(f"target: {s['target']}")
+    if s["target_met"]:
+        out.append(f"target met by trial {s['winner_trial']}" + (
+            " (predicted; confirm it with a real run)" if pred else " (parity passed, confirmed by a repeat run)"))
+    elif s["distance_to_target_s"] is not None:
+        d = s["distance_to_target_s"]
+        out.append(f"target not met: best is {secs(abs(d), pred)} ({abs(d) / s['target_s']:.1%}) "
+                   f"{'above' if d > 0 else 'below (not confirmed)'} it")
+    o = s["overhead"]
+    if o["median_s"] is not None:
+        out.append(f"per-trial overhead (trial wall - time in updates): median {o['median_s']:.2f} s, "
+                   f"max {o['max_s']:.2f} s over {o['n']} trials")
+    if s.get("sweep_wall_s") is not None:
+        book = s.get("bookkeeping_median_s")
+        out.append(f"this run: {s['sweep_wall_s']:.1f} s wall, of which {s['startup_s']:.1f} s starting the backend"
+                   + (f"; worker group formed {s['group_builds']}x (warm across trials, rebuilt only after a "
+                      f"failure)" if s.get("group_builds") else "")
+                   + (f"; driver work between trials (Optuna, MLflow) median {book:.2f} s" if book is not None else ""))
+    p = s["pruning"]
+    if p["pruned"] or p["probe_cost_s"]:
+        out.append(f"pruning: {p['pruned']} trial(s) stopped after their probe, "
+                   f"saving ~{p['saved_s']:.1f} s of updates "
+                   f"(estimated at the probes' pace); probes of kept trials cost {p['probe_cost_s']:.1f} s (measured); "
+                   f"net {p['net_s']:+.1f} s")
+    return "\n".join(out)
+
+
+class Progress:
+    """One line per started and per finished trial; on a terminal, a ticking status line in between."""
+
+    def __init__(self, budget: int, stream: TextIO | None = None):
+        self.budget, self.stream = budget, stream or sys.stdout
+        self.tty = self.stream.isatty()
+        self.t0 = time.perf_counter()
+        self.running: dict[int, str] = {}
+        self.best = "-"
+        self.target = "-"
+        self.done = 0
+
+    def _write(self, line: str) -> None:
+        if self.tty:
+            self.stream.write("\r\033[K")
+        self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def started(self, number: int, kind: str, params: dict) -> None:
+        self.running[number] = kind
+        self._write(f"[{self.done:>3}/{self.budget}] {kind} {number} started: {short_params(params)}")
+
+    def finished(self, r: dict, done: int, best: str, target: str) -> None:
+        self.running.pop(r["trial"], None)
+        self.done, self.best, self.target = done, best, target
+        m = r["metrics"]
+        what = secs(m.get("step_time_s"), r["backend"] == "model")
+        if m.get("speedup_vs_baseline"):
+            what += f" ({m['speedup_vs_baseline']:.2f}x)"
+        tail = f" parity {_parity(r)}" if r.get("parity") else ""
+        why = f" - {r['reason']}" if r["reason"] else ""
+        label = f"{r['kind']} {r['trial']}" + (f" repeat {r['repeat']}" if r["kind"] == "confirm" else "")
+        self._write(f"[{done:>3}/{self.budget}] {label} {r['status']}: {what}{tail}{why} | "
+                    f"best {best} | target {target} | {time.perf_counter() - self.t0:.0f} s")
+
+    def tick(self) -> None:
+        if self.tty and self.running:
+            now = ", ".join(f"{k} {n}" for n, k in self.running.items())
+            self.stream.write(f"\r\033[K  running {now} | best {self.best} | target {self.target} | "
+                              f"{time.perf_counter() - self.t0:.0f} s")
+            self.stream.flush()
+
+    def note(self, line: str) -> None:
+        self._write(line)

@@ -1,0 +1,249 @@
+"""The Ray worker group: one actor per rank in a placement group, warm across trials, rebuilt after a failure.
+
+Each actor imports torch and joins the torch.distributed world once (``trainer.run.init_world``); a trial
+is then one ``run(cfg)`` call on every actor at once, which builds and tears down that trial's own
+pipeline/data-parallel groups. That is what makes a trial cost milliseconds of orchestration instead of
+the seconds a process launch or a Ray Train trainer costs. Any failure (an exception on a rank, a dead
+rank, a timeout) may leave the world's collectives half-done, so the whole group is killed and rebuilt
+before its next run rather than trusted again.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from trainer.result import RankResult
+
+
+class GroupStartError(RuntimeError):
+    """Ray could not be joined, or the worker group could not be placed or could not form its world."""
+
+
+def start_local_ray(num_cpus: int, num_gpus: int | None = None, temp_dir: str | None = None,
+                    dashboard: bool = False) -> str:
+    """Embedded Ray that writes only under ``temp_dir``; returns the address other drivers can join.
+
+    Ray >= 2.59 turns token authentication on for a new local cluster and would store a generated token in
+    ~/.ray/auth_token. We keep Ray's default (auth on) but put the token inside the session's temp dir,
+    so nothing lands outside it; RAY_AUTH_MODE / RAY_AUTH_TOKEN(_PATH) set by the user are respected.
+    """
+    temp = Path(temp_dir or Path(tempfile.gettempdir()) / "steptune-ray")
+    temp.mkdir(parents=True, exist_ok=True)
+    if not {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & set(os.environ):
+        # Ray itself switches token mode on for a new local cluster; it only needs to find this token first.
+        token = temp / "auth_token"
+        if not token.exists():
+            token.touch(mode=0o600)
+            token.write_text(secrets.token_hex(32))
+        os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report from an embedded, private Ray
+    ctx = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=dashboard, _temp_dir=str(temp),
+                   log_to_driver=False, configure_logging=True, logging_level="WARNING")
+    return ctx.address_info["gcs_address"]
+
+
+def connect(address: str | None, runtime_env: dict | None, *, num_cpus: int, temp_dir: str | None,
+            dashboard: bool) -> str:
+    """Join ``address`` (an existing cluster) or start an embedded one; a Ray already up in this process is reused."""
+    if ray.is_initialized():
+        return "this process's Ray"
+    if address is None:
+        return "embedded Ray at " + start_local_ray(max(num_cpus, os.cpu_count() or 1), temp_dir=temp_dir,
+                                                      dashboard=dashboard)
+    host, sep, port = address.rpartition(":")
+    if sep and port.isdigit() and "://" not in address:
+        # Ray retries an unreachable GCS for many minutes; a plain TCP connect says it in seconds.
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError as e:
+            raise GroupStartError(f"ray.address={address}: nothing answers there ({e}); is the head node up "
+                                  f"(ray start --head)?") from None
+    try:
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level="WARNING")
+    except Exception as e:  # unreachable, refused, wrong token: say so in one line, before any trial
+        raise GroupStartError(f"ray.address={address}: could not join the cluster: {type(e).__name__}: {e}") from None
+    return f"Ray cluster at {address}"
+
+
+@ray.remote
+class RankWorker:
+    """One rank. Lives as long as its group; torch is imported and the world joined once."""
+
+    def node(self) -> dict[str, Any]:
+        with socket.socket() as s:  # a free port on this node, for rank 0's rendezvous
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return {"ip": ray.util.get_node_ip_address(), "port": port, "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                "pid": os.getpid()}
+
+    def join(self, env: dict[str, str], device: str, timeout_s: float) -> int:
+        os.environ.update(env)
+        from trainer.run import init_world
+
+        init_world(device, timeout_s)
+        return os.getpid()
+
+    def run(self, cfg: dict[str, Any]) -> RankResult:
+        from trainer.config import TrainConfig
+        from trainer.run import run
+
+        return run(TrainConfig.from_dict(cfg))
+
+
+@dataclass
+class RunDone:
+    """What came back from one run on the group: rank results (rank order), or the error that ended it."""
+    ranks: list[RankResult] | None
+    error: BaseException | None
+    kind: str
+    """ok | raised | lost_rank | timeout"""
+    wall_s: float
+    """From submission (including any group rebuild) to this outcome."""
+
+
+class WorkerGroup:
+    def __init__(self, world_size: int, cpus_per_rank: float, gpus_per_rank: float, strategy: str,
+                 device: str, start_timeout_s: float = 120.0):
+        self.world_size, self.cpus, self.gpus, self.strategy = world_size, cpus_per_rank, gpus_per_rank, strategy
+        self.device, self.start_timeout_s = device, start_timeout_s
+        self.actors: list[Any] = []
+        self.pg = None
+        self.builds = 0
+        """Times this group formed its world: 1 for a whole sweep without failures."""
+        self._refs: list[Any] = []
+        self._submitted = self._deadline = self._timeout = 0.0
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.actors)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._refs)
+
+    @property
+    def pending(self) -> list[Any]:
+        return list(self._refs)
+
+    def start(self) -> None:
+        """Place the actors, choose rank 0's address, and form the world (blocking, bounded)."""
+        bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
+        self.pg = placement_group([bundle] * self.world_size, strategy=self.strategy)
+        try:
+            ray.get(self.pg.ready(), timeout=self.start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            self.kill()
+            raise GroupStartError(
+                f"no room for {self.world_size} ranks x {bundle} ({self.strategy}) within "
+                f"{self.start_timeout_s:.0f} s; "
+                f"the cluster has {ray.available_resources()} free: lower resources.world_size/cpus_per_rank/"
+                f"gpus_per_rank or resources.concurrent_trials, or use resources.placement=PACK") from None
+        actors = [RankWorker.options(num_cpus=self.cpus, num_gpus=self.gpus, scheduling_strategy=
+                                     PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)).remote()
+                  for i in range(self.world_size)]
+        self.actors = actors
+        try:
+            nodes = ray.get([a.node.remote() for a in actors], timeout=self.start_timeout_s)
+            # Ranks of one node are contiguous, so a pipeline stage's dp peers (rank = pp_rank * dp + dp_rank)
+            # share a node when they can.
+            order = sorted(range(len(actors)), key=lambda i: (nodes[i]["ip"], i))
+            self.actors = [actors[i] for i in order]
+            nodes = [nodes[i] for i in order]
+            refs = [a.join.remote(env, self.device, self.start_timeout_s)
+                    for a, env in zip(self.actors, rank_envs(nodes))]
+            ray.get(refs, timeout=self.start_timeout_s)
+        except Exception as e:
+            self.kill()
+            raise GroupStartError(f"the worker group could not form its world: {_describe(e)}") from None
+        self.builds += 1
+
+    def submit(self, cfg: dict[str, Any], timeout_s: float) -> None:
+        self._submitted = time.perf_counter()
+        if not self.alive:
+            self.start()
+        self._timeout, self._deadline = timeout_s, time.perf_counter() + timeout_s
+        self._refs = [a.run.remote(cfg) for a in self.actors]
+
+    def collect(self) -> RunDone | None:
+        """Non-blocking: the run's outcome once every rank answered, any rank failed, or time ran out."""
+        if not self._refs:
+            return None
+        ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                return self._fail(e, "lost_rank", self._refs.index(ref))
+            except ray.exceptions.RayTaskError as e:
+                return self._fail(e, "raised", self._refs.index(ref))
+        if len(ready) == len(self._refs):
+            ranks = ray.get(self._refs)
+            self._refs = []
+            return RunDone(ranks, None, "ok", time.perf_counter() - self._submitted)
+        if time.perf_counter() > self._deadline:
+            return self._fail(TimeoutError(f"no result within resources.trial_timeout_s={self._timeout:g} s"),
+                              "timeout", None)
+        return None
+
+    def _fail(self, error: BaseException, kind: str, rank: int | None) -> RunDone:
+        # The other ranks may sit in a collective waiting for the failed one: never wait for them.
+        self.kill()
+        if rank is not None:
+            error.add_note(f"rank {rank}")
+        return RunDone(None, error, kind, time.perf_counter() - self._submitted)
+
+    def kill(self) -> None:
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+        self.actors, self.pg, self._refs = [], None, []
+
+
+def rank_envs(nodes: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """torchrun's variables for each rank, from each actor's node (rank order) and its GPUs.
+
+    Ray gives each GPU actor only its own GPU in CUDA_VISIBLE_DEVICES; NCCL's intra-node paths want every
+    rank of the node to see the node's GPUs, so (like Ray Train) each rank sees all of its node's group
+    GPUs and LOCAL_RANK indexes its own.
+    """
+    master = nodes[0]
+    envs = []
+    for rank, n in enumerate(nodes):
+        peers = [m for m in nodes if m["ip"] == n["ip"]]
+        local_rank = peers.index(n)
+        env = {"RANK": str(rank), "WORLD_SIZE": str(len(nodes)), "LOCAL_RANK": str(local_rank),
+               "LOCAL_WORLD_SIZE": str(len(peers)), "MASTER_ADDR": master["ip"], "MASTER_PORT": str(master["port"])}
+        if n["gpu_ids"]:
+            gpus = sorted({g for m in peers for g in m["gpu_ids"]}, key=lambda g: (len(g), g))
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+            env["LOCAL_RANK"] = str(gpus.index(n["gpu_ids"][0]))
+        envs.append(env)
+    return envs
+
+
+def groups_that_fit(world_size: int, cpus_per_rank: float, gpus_per_rank: float, wanted: int) -> int:
+    """How many worker groups the cluster's total resources hold, up to ``wanted`` (at least 1)."""
+    total = ray.cluster_resources()
+    fits = [wanted]
+    if cpus_per_rank:
+        fits.append(int(total.get("CPU", 0) // (world_size * cpus_per_rank)))
+    if gpus_per_rank:
+        fits.append(int(total.get("GPU", 0) // (world_size * gpus_per_rank)))
+    return max(1, min(fits))
+
+
+def _describe(e: BaseException) -> str:
+    cause = getattr(e, "cause", None) or e
+    return f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}"

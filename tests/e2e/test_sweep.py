@@ -1,0 +1,245 @@
+"""Real sweeps on a real local Ray: trials on warm worker groups, failures isolated, a killed driver resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from optuna.trial import TrialState
+
+from orchestrator.config import load_sweep
+from orchestrator.ledger import KEYS, Ledger
+from orchestrator.sweep import run_sweep
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def study_of(cfg) -> optuna.Study:
+    return optuna.load_study(study_name=cfg.name, storage=cfg.optuna_url)
+
+
+def rank_pids(title: bytes = b"ray::RankWorker") -> set[int]:
+    """RankWorker actor processes (Ray titles them ray::RankWorker, and ray::RankWorker.run inside a run)."""
+    pids = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if (d / "cmdline").read_bytes().startswith(title):
+                    pids.add(int(d.name))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.mark.timeout(240)
+def test_sweep_measures_trials_on_a_warm_group_and_reports(ray_address, sweep_file, capsys):
+    cfg = load_sweep(sweep_file(pruning={"enabled": True, "after_steps": 2, "slower_than_best": 1.2}),
+                     ["budget.n_trials=5", "target.step_time_s=1e-6", "tracking.enabled=true", "trainer.run.steps=8"])
+    summary, records = run_sweep(cfg)
+    lines = Ledger(cfg.results_dir / "trials.jsonl").read()
+    assert lines == records and len(lines) == 5
+    assert lines[0]["kind"] == "baseline" and lines[0]["trial"] == 0 and lines[0]["status"] == "ok"
+    assert lines[0]["parity"]["passed"] and lines[0]["metrics"]["speedup_vs_baseline"] == 1.0
+    assert all(set(KEYS) <= set(r) for r in lines)
+    assert sorted(r["trial"] for r in lines) == list(range(5))
+    for r in lines:
+        assert r["status"] in ("ok", "infeasible", "pruned", "skipped"), r["reason"]
+        assert r["config"]["parallel"]["pp"] * r["config"]["parallel"]["dp"] == 2 and not r["meets_target"]
+        if r["status"] == "skipped":  # TPE proposed a config already measured: reused, not re-run
+            first = lines[r["duplicate_of"]]
+            assert first["params"] == r["params"] and first["metrics"]["step_time_s"] == r["metrics"]["step_time_s"]
+        else:
+            assert r["result"]["world_size"] == 2 and r["wall_s"] > 0 and r["overhead_s"] is not None
+    study = study_of(cfg)
+    states = [t.state for t in study.trials]
+    assert len(states) == 5 and set(states) <= {TrialState.COMPLETE, TrialState.PRUNED}
+    assert study.trials[0].user_attrs["kind"] == "baseline"
+    assert all(set(t.user_attrs["constraints"]) == {"crash", "parity", "memory"} for t in study.trials)
+    assert summary["stopped_because"] == "the trial budget is spent" and not summary["target_met"]
+    assert summary["overhead"]["median_s"] < 5.0
+    # MLflow mirrors the ledger: a parent run and one child per line.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(cfg.mlflow_uri)
+    runs = client.search_runs([client.get_experiment_by_name("steptune").experiment_id])
+    assert len(runs) == 6
+    # The report command prints the same table from the ledger alone.
+    from orchestrator.__main__ import main
+
+    capsys.readouterr()
+    assert main(["report", "--sweep", "t", "--results", cfg.storage.results_dir]) == 0
+    out = capsys.readouterr().out
+    assert "baseline" in out and "per-trial overhead" in out and "target not met" in out
+    # ... and the export command writes the best trial's configs.
+    assert main(["export", "--sweep", "t", "--results", cfg.storage.results_dir]) == 0
+    written = [Path(p) for p in capsys.readouterr().out.split()]
+    assert written and all(p.exists() for p in written)
+
+
+@pytest.mark.timeout(240)
+def test_killed_driver_resumes_without_losing_or_duplicating_trials(ray_address, sweep_file, tmp_path):
+    path = sweep_file()
+    cmd = [sys.executable, "-m", "orchestrator", "sweep", "--config", str(path), f"ray.address={ray_address}",
+           "budget.n_trials=6", "trainer.run.steps=12"]
+    cfg = load_sweep(path, cmd[6:])
+    ledger = Ledger(cfg.results_dir / "trials.jsonl")
+    log = open(tmp_path / "first.log", "w")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 150
+    while len(ledger.read()) < 2 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)  # land the kill inside a running trial, most of the time
+    proc.kill()
+    proc.wait()
+    killed_at = len(ledger.read())
+    assert 2 <= killed_at < 6, (tmp_path / "first.log").read_text()
+    second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert second.returncode == 0, second.stdout + second.stderr
+    lines = ledger.read()
+    measured = [r for r in lines if r["kind"] in ("baseline", "trial")]
+    numbers = [r["trial"] for r in measured]
+    assert len(numbers) == len(set(numbers)) == 6, numbers
+    study = study_of(cfg)
+    done = {t.number: t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
+    assert set(done) == set(numbers)
+    for r in measured:  # what Optuna learnt is what the ledger measured
+        assert done[r["trial"]].params == r["params"]
+        assert done[r["trial"]].user_attrs["status"] == r["status"]
+    failed = [t for t in study.trials if t.state == TrialState.FAIL]
+    assert len(failed) <= 1  # the trial the kill interrupted, if it landed inside one
+    for t in failed:
+        assert any(u.user_attrs.get("requeued_from") == t.number and u.params == t.params for u in study.trials)
+        assert "interrupted; its params are queued again" in second.stdout
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the impossible config is run.device=cuda on a CPU-only machine")
+def test_failing_trials_are_recorded_and_the_sweep_goes_on(ray_address, sweep_file):
+    """A config that raises on every rank, a rank killed mid-sweep, a rank that hangs past the timeout."""
+    space = {"params": {
+        "parallel.pp": {"type": "categorical", "choices": [1, 2]},
+        "batch.micro_batch_size": {"type": "categorical", "choices": [1, 2, 4]},
+        # Valid for the trainer's config checks, impossible on a CPU-only machine: fails inside run() on each rank.
+        "run.device": {"type": "categorical", "choices": ["cpu", "cuda"], "when": {"batch.micro_batch_size": 4}},
+    }}
+    path = sweep_file(space=space, baseline={"parallel.pp": 2, "batch.micro_batch_size": 2},
+                      enqueue=[{"parallel.pp": 1, "batch.micro_batch_size": 4, "run.device": "cuda"}],
+                      resources={"world_size": 2, "cpus_per_rank": 1, "trial_timeout_s": 15})
+    cfg = load_sweep(path, ["budget.n_trials=7", "sampler.kind=random", "trainer.run.steps=30"])
+    ledger = Ledger(cfg.results_dir / "trials.jsonl")
+    hit: list[int] = []
+    done = threading.Event()
+
+    def sabotage() -> None:
+        # The first trial to run after the cuda one loses a rank (SIGKILL inside its run); the next trial to run
+        # after that hangs (SIGSTOP inside its run) until the trial timeout. Only a rank first seen running after
+        # the threshold is hit, never one of an earlier, failed group that is still being torn down.
+        first_seen: dict[int, int] = {}
+        threshold = 2
+        for sig in (signal.SIGKILL, signal.SIGSTOP):
+            target = None
+            while target is None:
+                if done.is_set():
+                    return
+                n = len(ledger.read())
+                running = rank_pids(b"ray::RankWorker.run")
+                for pid in running:
+                    first_seen.setdefault(pid, n)
+                target = next((p for p in sorted(running) if first_seen[p] >= threshold and p not in hit), None)
+                time.sleep(0.02)
+            os.kill(target, sig)
+            hit.append(target)
+            threshold = n + 1
+
+    saboteur = threading.Thread(target=sabotage, daemon=True)
+    saboteur.start()
+    try:
+        summary, lines = run_sweep(cfg)
+    finally:
+        done.set()
+        saboteur.join(timeout=5)
+        for pid in hit:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    statuses = [(r["trial"], r["status"], r["reason"]) for r in lines]
+    assert len(lines) == 7 and lines[0]["status"] == "ok", statuses
+    cuda = lines[1]
+    assert cuda["params"]["run.device"] == "cuda" and cuda["status"] == "failed", statuses
+    assert "rank" in cuda["reason"], cuda["reason"]
+    assert any(s == "failed" and "lost a rank" in (why or "") for _, s, why in statuses), statuses
+    assert any(s == "timeout" for _, s, _ in statuses), statuses
+    assert any(s == "ok" for _, s, _ in statuses[3:]), statuses  # the rebuilt group measures again
+    study = study_of(cfg)
+    for t in study.trials:  # crashes are told as complete-with-constraint, never FAIL (no re-sampling)
+        assert t.state == TrialState.COMPLETE
+        assert (t.user_attrs["constraints"]["crash"] > 0) == (t.user_attrs["status"] in ("failed", "timeout"))
+    assert json.dumps(summary)
+
+
+@pytest.mark.timeout(60)
+def test_resume_tells_a_measured_trial_from_the_ledger_and_requeues_an_unmeasured_one(sweep_file):
+    """The two ways a driver dies mid-trial: after its ledger line (told from the ledger) or before (re-queued)."""
+    from orchestrator.ledger import record
+    from orchestrator.space import suggest
+    from orchestrator.sweep import Sweep
+
+    cfg = load_sweep(sweep_file(), ["budget.n_trials=4"])
+    first = Sweep(cfg)
+    first.recover()  # a new study: the baseline is queued
+    measured = first.study.ask()
+    params, _ = suggest(measured, cfg.space, first.configs.fixed, first.configs.split_context)
+    first.ledger.append(record(sweep="t", trial=measured.number, kind="baseline", backend="ray", params=params,
+                               config={}, status="ok", reason=None, result=None, prediction=None, parity=None,
+                               metrics={"step_time_s": 0.5}, meets_target=False, wall_s=1.0, overhead_s=0.1,
+                               started_at=0.0, finished_at=1.0))
+    lost = first.study.ask()
+    lost_params, _ = suggest(lost, cfg.space, first.configs.fixed, first.configs.split_context)
+    # ... the driver dies here: trial 0 has its ledger line but was never told, trial 1 has neither.
+    Sweep(cfg).recover()
+    trials = study_of(cfg).trials
+    assert trials[0].state == TrialState.COMPLETE and trials[0].value == 0.5
+    assert trials[1].state == TrialState.FAIL
+    assert trials[2].state == TrialState.WAITING and trials[2].user_attrs["requeued_from"] == 1
+    assert trials[2].system_attrs["fixed_params"] == lost_params  # what enqueue_trial stores for the next ask
+    assert len(trials) == 3  # the baseline is measured, so it is not queued again
+
+
+@pytest.mark.timeout(120)
+def test_a_met_target_is_confirmed_and_stops_the_sweep(ray_address, sweep_file):
+    cfg = load_sweep(sweep_file(), ["budget.n_trials=8", "target.step_time_s=30", "confirm.repeats=1"])
+    summary, lines = run_sweep(cfg)
+    assert [(r["kind"], r["trial"], r["meets_target"]) for r in lines] == [("baseline", 0, True), ("confirm", 0, True)]
+    assert lines[1]["repeat"] == 1 and lines[1]["parity"]["passed"]
+    assert summary["target_met"] and summary["winner_trial"] == 0
+    assert summary["stopped_because"] == "trial 0 met the target, passed parity and was confirmed"
+    again, lines = run_sweep(cfg)  # rerunning a finished sweep measures nothing more
+    assert len(lines) == 2 and again["stopped_because"] == "the target was already met and confirmed"
+
+
+@pytest.mark.timeout(120)
+def test_a_baseline_that_cannot_run_stops_the_sweep_with_its_reason(ray_address, sweep_file):
+    from orchestrator.sweep import SweepError
+
+    cfg = load_sweep(sweep_file(), ["resources.trial_timeout_s=0.001"])
+    with pytest.raises(SweepError, match=r"the baseline \(trial 0\) did not run: timeout"):
+        run_sweep(cfg)
+    (line,) = Ledger(cfg.results_dir / "trials.jsonl").read()
+    assert line["kind"] == "baseline" and line["status"] == "timeout"
+    (trial,) = study_of(cfg).trials
+    assert trial.state == TrialState.COMPLETE and trial.user_attrs["status"] == "timeout"
+    # Rerunning with a sane timeout measures the baseline again and goes on.
+    summary, lines = run_sweep(load_sweep(sweep_file(), ["budget.n_trials=3"]))
+    assert [(r["kind"], r["status"]) for r in lines][:2] == [("baseline", "timeout"), ("baseline", "ok")]
+    assert summary["baseline_trial"] == 1 and len(lines) == 3

@@ -1,0 +1,94 @@
+"""The same loop, ledger and stores with the planner backend, and with several worker groups at once."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import optuna
+import pytest
+
+from orchestrator.config import REPO_ROOT, load_sweep
+from orchestrator.ledger import Ledger
+from orchestrator.sweep import run_sweep
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.timeout(120)
+def test_model_backend_runs_the_500b_preset_through_the_same_loop(tmp_path):
+    cfg = load_sweep(REPO_ROOT / "search_spaces" / "preset-500b.yaml",
+                     [f"storage.results_dir={tmp_path}", "budget.n_trials=12", "tracking.enabled=true",
+                      "resources.memory_budget_gb=120"])
+    summary, lines = run_sweep(cfg)
+    assert lines == Ledger(cfg.results_dir / "trials.jsonl").read() and len(lines) == 12
+    assert lines[0]["kind"] == "baseline" and lines[0]["backend"] == "model"
+    for r in lines:
+        assert r["backend"] == "model" and r["result"] is None and r["parity"] is None
+        if r["status"] in ("ok", "oom"):
+            assert r["prediction"]["step_time_s"] == r["metrics"]["step_time_s"] > 0
+        assert r["overhead_s"] is None  # nothing was measured, so there is no overhead to claim
+    assert summary["stopped_because"] == "the trial budget is spent"  # predictions are cheap: the whole budget
+    assert round(summary["target_s"], 2) == 9.30
+    study = optuna.load_study(study_name=cfg.name, storage=cfg.optuna_url)
+    oom = [t for t in study.trials if t.user_attrs["status"] == "oom"]
+    assert all(t.state == optuna.trial.TrialState.COMPLETE and t.constraints["memory"] > 0 for t in oom)
+    over = [r for r in lines if r["status"] == "infeasible"]  # resources.memory_budget_gb=120 below
+    assert over and all("peak memory" in r["reason"] for r in over)
+    assert all(study.trials[r["trial"]].constraints["memory"] > 0 for r in over)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(cfg.mlflow_uri)
+    assert len(client.search_runs([client.get_experiment_by_name("steptune").experiment_id])) == 13
+
+
+@pytest.mark.timeout(60)
+def test_the_wall_time_budget_stops_new_trials(tmp_path):
+    cfg = load_sweep(REPO_ROOT / "search_spaces" / "preset-500b.yaml",
+                     [f"storage.results_dir={tmp_path}", "budget.n_trials=100000", "budget.wall_time_s=2",
+                      "tracking.enabled=false"])
+    summary, lines = run_sweep(cfg)
+    assert summary["stopped_because"] == "the wall-time budget (2 s) is spent"
+    assert 1 < len(lines) < 100000 and summary["sweep_wall_s"] < 10
+
+
+# (each actor's node: ip, free port, its GPU ids) -> the env each rank gets
+ENV_TABLE = [
+    ([{"ip": "a", "port": 1, "gpu_ids": []}, {"ip": "a", "port": 2, "gpu_ids": []}],
+     [{"RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"},
+      {"RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}]),
+    ([{"ip": "a", "port": 7, "gpu_ids": ["3"]}, {"ip": "a", "port": 8, "gpu_ids": ["1"]},
+      {"ip": "b", "port": 9, "gpu_ids": ["0"]}, {"ip": "b", "port": 5, "gpu_ids": ["10"]}],
+     [{"RANK": "0", "LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "1,3", "MASTER_ADDR": "a", "MASTER_PORT": "7"},
+      {"RANK": "1", "LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "1,3", "LOCAL_WORLD_SIZE": "2"},
+      {"RANK": "2", "LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "0,10", "MASTER_ADDR": "a", "WORLD_SIZE": "4"},
+      {"RANK": "3", "LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "0,10"}]),
+]
+
+
+@pytest.mark.parametrize("nodes,expected", ENV_TABLE)
+def test_rank_environment(nodes, expected):
+    """torchrun's variables per actor; on GPU nodes each rank sees its node's group GPUs, LOCAL_RANK its own."""
+    from orchestrator.workers import rank_envs
+
+    envs = rank_envs(nodes)
+    for env, want in zip(envs, expected):
+        assert want.items() <= env.items(), (env, want)
+
+
+@pytest.mark.timeout(180)
+def test_two_worker_groups_run_trials_at_the_same_time(ray_address, sweep_file):
+    space = {"params": {"batch.micro_batch_size": {"type": "categorical", "choices": [1, 2, 4, 8]},
+                        "recompute.kind": {"type": "categorical", "choices": ["none", "selective", "full"]}}}
+    cfg = load_sweep(sweep_file(space=space, baseline={"batch.micro_batch_size": 2},
+                                resources={"world_size": 1, "cpus_per_rank": 1, "concurrent_trials": 2,
+                                           "trial_timeout_s": 60}),
+                     ["budget.n_trials=6", "trainer.run.steps=30"])
+    summary, lines = run_sweep(cfg)
+    assert len(lines) == 6 and all(r["status"] in ("ok", "skipped") for r in lines), [r["reason"] for r in lines]
+    spans = [(datetime.fromisoformat(r["started_at"]), datetime.fromisoformat(r["finished_at"]))
+             for r in lines if r["kind"] == "trial" and r["status"] == "ok"]
+    overlapping = any(a0 < b1 and b0 < a1 for i, (a0, a1) in enumerate(spans) for b0, b1 in spans[i + 1:])
+    assert overlapping, spans
+    # The baseline ran alone: nothing starts before it is measured.
+    base_end = datetime.fromisoformat(lines[0]["finished_at"])
+    assert all(s >= base_end for s, _ in spans)
