@@ -1,7 +1,7 @@
 """``python -m orchestrator sweep|report|export``: the command line.
 
     python -m orchestrator sweep                                  # search_spaces/default.yaml, embedded Ray
-    python -m orchestrator sweep --config FILE budget.n_trials=30 target.step_time_s=9.3
+    python -m orchestrator sweep --config FILE search.n_trials=30 target.step_time_s=9.3
     python -m orchestrator sweep --dry-run                        # validate the sweep file, launch nothing
     python -m orchestrator report [--sweep NAME]                  # the table again, from the ledger
     python -m orchestrator export [--sweep NAME] [--trial N] [--out DIR] [--force]
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     sw = sub.add_parser("sweep", help="run or resume a sweep")
     sw.add_argument("--config", help="sweep YAML (default: search_spaces/default.yaml)")
     sw.add_argument("--dry-run", action="store_true", help="validate everything, launch nothing")
-    sw.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. budget.n_trials=30")
+    sw.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. search.n_trials=30")
     rp = sub.add_parser("report", help="print a sweep's table from its ledger")
     ex = sub.add_parser("export", help="write a trial's config for the trainer and Megatron-LM")
     for p in (rp, ex):
@@ -45,7 +45,7 @@ def _sweep(args: argparse.Namespace) -> int:
     cfg = load_sweep(args.config, args.overrides)
     if args.dry_run:
         print(f"sweep {cfg.name!r} ({cfg.source}) is valid: {cfg.backend} backend, {len(cfg.space.names)} params "
-              f"({', '.join(cfg.space.names)}), target {cfg.target.describe()}, budget {cfg.budget.n_trials} trials")
+              f"({', '.join(cfg.space.names)}), target {cfg.target.describe()}, budget {cfg.search.n_trials} trials")
         return 0
     from orchestrator import report
     from orchestrator.ledger import LedgerBusy

@@ -32,7 +32,7 @@ class ConfirmConfig:
 
 
 @dataclass(frozen=True)
-class BudgetConfig:
+class SearchConfig:
     n_trials: int = 16
     """Finished Optuna trials in the study, baseline included (a resumed study counts what it has)."""
     wall_time_s: Optional[float] = 300.0
@@ -113,7 +113,7 @@ class SweepConfig:
     enqueue: list = field(default_factory=list)
     """Param sets to try right after the baseline (flat dotted, in the space's terms)."""
     confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
-    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     pruning: PruningConfig = field(default_factory=PruningConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
@@ -148,7 +148,7 @@ def load_sweep(path: str | Path | None = None, dotlist: list[str] | None = None,
     path = Path(path) if path else DEFAULT_SWEEP
     for item in dotlist or []:
         if "=" not in item or item.startswith("="):
-            raise ValueError(f"override {item!r} must look like dotted.key=value (e.g. budget.n_trials=30)")
+            raise ValueError(f"override {item!r} must look like dotted.key=value (e.g. search.n_trials=30)")
     if not path.is_file():
         raise ValueError(f"--config {path}: no such sweep file")
     try:
@@ -195,8 +195,8 @@ def _check_fields(cfg: SweepConfig) -> None:
     _one_of("sampler.kind", cfg.sampler.kind, SAMPLERS)
     _one_of("resources.placement", cfg.resources.placement, PLACEMENTS)
     checks = [
-        ("budget.n_trials", cfg.budget.n_trials >= 1), ("confirm.repeats", cfg.confirm.repeats >= 0),
-        ("budget.wall_time_s", cfg.budget.wall_time_s is None or cfg.budget.wall_time_s > 0),
+        ("search.n_trials", cfg.search.n_trials >= 1), ("confirm.repeats", cfg.confirm.repeats >= 0),
+        ("search.wall_time_s", cfg.search.wall_time_s is None or cfg.search.wall_time_s > 0),
         ("pruning.after_steps", cfg.pruning.after_steps >= 1),
         ("pruning.slower_than_best", cfg.pruning.slower_than_best > 1),
         ("resources.world_size", cfg.resources.world_size >= 1),
@@ -298,7 +298,7 @@ def _all_paths(cls: type = SweepConfig, prefix: str = "") -> list[str]:
 
 
 def _suggestion(dotted: str) -> str:
-    """'search.n_trials' -> ' (did you mean budget.n_trials?)': match on the last part first, then the whole."""
+    """'budget.n_trials' -> ' (did you mean search.n_trials?)': match on the last part first, then the whole."""
     paths = _all_paths()
     leaf = [p for p in paths if p.rsplit(".", 1)[-1] == dotted.rsplit(".", 1)[-1] and p != dotted]
     close = leaf or difflib.get_close_matches(dotted, paths, n=1, cutoff=0.75)

@@ -41,12 +41,14 @@ class Tolerance:
 
 # Measured by bench/parity_margins.py (tiny GPT, 6 steps; bench/results/parity_margins.md):
 # fp32: legit layouts differ <= 2e-7 in loss; the smallest seeded bug (lr + 1%) moves the loss 2.9e-4 at
-# step 1. bf16: legit layouts differ <= 3e-5 in loss and <= 3e-4 in grad norm (autocast rounding depends on
+# step 1. Final parameters of legit layouts differ up to 2e-5 (sum term) after the demo sweep's 20 steps
+# with another micro_batch_size (Adam turns rounding noise in tiny gradients into full-size steps); the
+# smallest bug moves them 1.5e-2, so 1e-4 keeps a margin on both sides. bf16: legit layouts differ <= 3e-5 in loss and <= 3e-4 in grad norm (autocast rounding depends on
 # microbatch shapes), the lr bug 3.2e-4 in loss; final-parameter fingerprints of legit bf16 layouts differ
 # by up to 2.4e-2, as much as the lr bug's, so in bf16 the fingerprint only catches gross errors and the
 # per-step loss carries the gate. A measured run-to-run spread of the baseline widens these floors.
 DEFAULT_TOLERANCE = {
-    "fp32": Tolerance(loss_rel=1e-5, grad_norm_rel=1e-4, param_rel=1e-5, replica_abs=1e-6),
+    "fp32": Tolerance(loss_rel=1e-5, grad_norm_rel=1e-4, param_rel=1e-4, replica_abs=1e-6),
     "bf16": Tolerance(loss_rel=1e-4, grad_norm_rel=1e-3, param_rel=5e-2, replica_abs=1e-6),
 }
 REPEAT_FACTOR = 10.0

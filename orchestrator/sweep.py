@@ -58,7 +58,7 @@ class Sweep:
         self.configs = backends.configs_for(cfg)
         cfg.results_dir.mkdir(parents=True, exist_ok=True)
         self.ledger = L.Ledger(cfg.results_dir / "trials.jsonl")
-        self.progress = report.Progress(cfg.budget.n_trials)
+        self.progress = report.Progress(cfg.search.n_trials)
         self.say = out or self.progress.note
         self.records = self.ledger.read()
         self.study = self._open_study()
@@ -195,13 +195,13 @@ class Sweep:
         if self.stop_reason or any(j.kind == "baseline" for j in active.values()):
             return None  # everything else is measured against the baseline
         walls = [r["wall_s"] for r in self.records if r["wall_s"]]
-        wall_budget = self.cfg.budget.wall_time_s
+        wall_budget = self.cfg.search.wall_time_s
         if wall_budget is not None and elapsed + (statistics.median(walls) if walls else 0.0) > wall_budget:
             self.stop_reason = f"the wall-time budget ({wall_budget:.0f} s) is spent"
             return None
         while True:
             done = len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
-            if done + sum(j.trial is not None for j in active.values()) >= self.cfg.budget.n_trials:
+            if done + sum(j.trial is not None for j in active.values()) >= self.cfg.search.n_trials:
                 return None
             trial = self.study.ask()
             kind = trial.user_attrs.get("kind", "trial")

@@ -50,7 +50,7 @@ TINY_SWEEP = {
                                               "when": {"parallel.pp": 1}},
         "recompute.kind": {"type": "categorical", "choices": ["none", "full"]},
     }},
-    "budget": {"n_trials": 5, "wall_time_s": None},
+    "search": {"n_trials": 5, "wall_time_s": None},
     "sampler": {"kind": "tpe", "seed": 0, "n_startup_trials": 2},
     "pruning": {"enabled": False},
     "resources": {"world_size": 2, "cpus_per_rank": 1, "trial_timeout_s": 60},
@@ -70,7 +70,7 @@ def sweep_file(tmp_path):
         data = yaml.safe_load(yaml.safe_dump(TINY_SWEEP))
         data["storage"] = {"results_dir": str(tmp_path / "results")}
         for key, value in changes.items():
-            if key in ("resources", "pruning", "budget", "sampler", "tracking", "ray", "storage", "confirm"):
+            if key in ("resources", "pruning", "search", "sampler", "tracking", "ray", "storage", "confirm"):
                 data[key] = {**data.get(key, {}), **value}
             else:
                 data[key] = value

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .checks import check_bool, check_int, check_num
+from .checks import check_bool, check_choice, check_int, check_num
+
+PRECISIONS = ("mixed", "fp32", "bf16_autocast")
 
 
 @dataclass(frozen=True)
@@ -76,13 +78,21 @@ class ModelSpec:
     flash_attention: bool = True
     """Fused attention (FlashAttention / TE): no s*s score tensors are stored, and causal masking skips
     half the score FLOPs. False models the 2021-22 unfused kernels (Korthikanti et al.'s 5as^2b term)."""
+    linear_biases: bool = True
+    """The four GEMMs of a layer carry biases (Megatron's GPT does; the steptune trainer's model does not).
+    Only the parameter count changes."""
+    position_embeddings: int = 0
+    """Rows of a learned absolute position table held with the input embedding on the first stage
+    (GPT-2 style; the steptune trainer uses seq_len rows); 0 for rotary or no position parameters."""
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "hidden_size", "num_heads", "vocab_size"):
             check_int(self, f, 1)
         check_int(self, "ffn_hidden_size", 0)
+        check_int(self, "position_embeddings", 0)
         check_bool(self, "tied_embeddings")
         check_bool(self, "flash_attention")
+        check_bool(self, "linear_biases")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"num_heads: {self.num_heads} does not divide hidden_size {self.hidden_size}")
 
@@ -91,13 +101,26 @@ class ModelSpec:
         return self.ffn_hidden_size or 4 * self.hidden_size
 
     @property
-    def params_per_layer(self) -> int:
-        """4h^2 (QKV + projection) + 2h*ffn (MLP) + biases and two LayerNorms (9h + ffn).
+    def matmul_params_per_layer(self) -> int:
+        """4h^2 (QKV + projection) + 2h*ffn (MLP): the weights GEMMs read."""
+        h, f = self.hidden_size, self.ffn
+        return 4 * h * h + 2 * h * f
 
-        With ffn = 4h this is Narayanan et al. (2021) eq. 2's per-layer 12h^2 + 13h.
+    @property
+    def params_per_layer(self) -> int:
+        """GEMM weights + two LayerNorms (4h) + the GEMMs' biases (5h + ffn) when there are any.
+
+        With ffn = 4h and biases this is Narayanan et al. (2021) eq. 2's per-layer 12h^2 + 13h.
         """
         h, f = self.hidden_size, self.ffn
-        return 4 * h * h + 2 * h * f + 9 * h + f
+        return self.matmul_params_per_layer + 4 * h + ((5 * h + f) if self.linear_biases else 0)
+
+    @property
+    def tensors_per_layer(self) -> int:
+        """Parameter tensors per layer: 4 weight matrices, 2 LayerNorms of 2, and 4 bias vectors if any.
+
+        torch's AdamW keeps a 4-byte step counter per tensor, which is all this count is for."""
+        return 8 + (4 if self.linear_biases else 0)
 
     @property
     def embedding_params(self) -> int:
@@ -106,7 +129,9 @@ class ModelSpec:
     @property
     def total_params(self) -> int:
         head = 0 if self.tied_embeddings else self.embedding_params
-        return self.num_layers * self.params_per_layer + self.embedding_params + head + 2 * self.hidden_size
+        positions = self.position_embeddings * self.hidden_size
+        return (self.num_layers * self.params_per_layer + self.embedding_params + head + 2 * self.hidden_size
+                + positions)
 
 
 @dataclass(frozen=True)
@@ -117,10 +142,20 @@ class JobSpec:
     """Sequences per update (fixed: microbatching must divide it, never grow it)."""
     seq_len: int = 2048
     """Tokens per sequence."""
+    precision: str = "mixed"
+    """How numbers are stored, which sets the bytes of every memory term:
+    mixed - Megatron's bf16 training: bf16 weights and activations, fp32 main gradients (or bf16, see
+    data_parallel.grad_reduce_dtype) and fp32 master weights + Adam moments (12 bytes per parameter);
+    fp32 - plain fp32 training (the steptune trainer's default): 4-byte weights and gradients, 8-byte
+    Adam moments plus torch's 4-byte step counter per tensor, every activation 4 bytes;
+    bf16_autocast - the steptune trainer's run.precision=bf16: fp32 weights, gradients and Adam state as in
+    fp32, 2-byte activations, plus the bf16 copy of each weight a GEMM saves for backward per microbatch
+    (the trainer turns autocast's weight cache off). Changes what is trained, so it is not a knob."""
 
     def __post_init__(self) -> None:
         check_int(self, "global_batch", 1)
         check_int(self, "seq_len", 1)
+        check_choice(self, "precision", PRECISIONS)
 
     @property
     def tokens(self) -> int:

@@ -47,6 +47,10 @@ class Consts:
     tied: bool
     num_gpus: int
     eff: object
+    precision: str = "mixed"
+    pos_rows: int = 0
+    matmul_per_layer: int = 0
+    tensors_per_layer: int = 12
 
     @classmethod
     def of(cls, cfg: PlanConfig, eff: object | None = None) -> "Consts":
@@ -67,7 +71,8 @@ class Consts:
             bw_tp=tp_link[0] * e.tp_bw_eff, lat_tp=tp_link[1], bw_pp=pp_link[0] * e.pp_bw_eff,
             lat_pp=pp_link[1], bw_dp=dp_link[0] * e.dp_bw_eff, lat_dp=dp_link[1],
             params_per_layer=m.params_per_layer, total_params=m.total_params, tied=m.tied_embeddings,
-            num_gpus=c.num_gpus, eff=e,
+            num_gpus=c.num_gpus, eff=e, precision=cfg.job.precision, pos_rows=m.position_embeddings,
+            matmul_per_layer=m.matmul_params_per_layer, tensors_per_layer=m.tensors_per_layer,
         )
 
 
@@ -125,16 +130,38 @@ def encode(cfgs: Sequence[PlanConfig]) -> Knobs:
 def stage_params(C: Consts, K: Knobs) -> np.ndarray:
     """Parameters held per GPU of each stage, (n, pp).
 
-    Layers split over tp; the first stage adds the input embedding, the last the LM head (Megatron keeps
-    a copy of a tied embedding there when pp > 1) and the final LayerNorm.
+    Layers split over tp; the first stage adds the input embedding (and a learned position table, which
+    Megatron replicates over tp), the last the LM head (Megatron keeps a copy of a tied embedding there
+    when pp > 1) and the final LayerNorm.
     """
     emb = C.V * C.h / C.t
     P = K.layers * (C.params_per_layer / C.t)
-    P[:, 0] += emb
+    P[:, 0] += emb + C.pos_rows * C.h
     if C.p > 1 or not C.tied:
         P[:, -1] += emb
     P[:, -1] += 2 * C.h
     return P
+
+
+def state_bytes(C: Consts, K: Knobs) -> tuple[float, np.ndarray]:
+    """(bytes per weight, bytes per gradient per config (n,)) under the job's precision.
+
+    Megatron's mixed precision keeps bf16 weights and main gradients of grad_reduce_dtype; plain fp32 and
+    torch autocast keep both in the parameters' fp32 whatever the knob says.
+    """
+    if C.precision == "mixed":
+        return 2.0, K.grad_bytes
+    return 4.0, np.full_like(K.grad_bytes, 4.0)
+
+
+def stage_tensors(C: Consts, K: Knobs) -> np.ndarray:
+    """Parameter tensors per stage (n, pp), laid out as ``stage_params`` lays out their elements."""
+    T = K.layers * float(C.tensors_per_layer)
+    T[:, 0] += 1 + (C.pos_rows > 0)
+    if C.p > 1 or not C.tied:
+        T[:, -1] += 1
+    T[:, -1] += 2
+    return T
 
 
 def chunk_layers(K: Knobs) -> np.ndarray:

@@ -14,6 +14,12 @@
 * Microbatches held per stage: see ``knobs.in_flight`` (1F1B: p - s; interleaved: Korthikanti et al.
   Sec. 4.2.3's (1 + (p-1)/(p v)) factor on stage 0; GPipe: all m).
 * The last stage also holds fp32 logits, 4 s b V / t bytes, for the microbatches in its loss.
+* ``job.precision`` sets the bytes: the above is Megatron's mixed precision. fp32 training stores every
+  activation in 4 bytes (twice the 16-bit terms; the logits are fp32 already) and keeps 4-byte weights and
+  gradients and two 4-byte Adam moments, plus torch AdamW's 4-byte step counter per parameter tensor.
+  bf16 autocast keeps fp32 model state like fp32 with 16-bit activations, and, with autocast's weight cache
+  off (the steptune trainer's setting), each GEMM also saves the bf16 copy of its weight for every
+  microbatch in flight (2 bytes per GEMM weight); a checkpointed region saves neither.
 """
 
 from __future__ import annotations
@@ -22,9 +28,15 @@ import dataclasses
 
 import numpy as np
 
-from .knobs import Consts, Knobs, chunk_layers, encode, in_flight, stage_params
+from .knobs import Consts, Knobs, chunk_layers, encode, in_flight, stage_params, stage_tensors, state_bytes
 
 OPTIMIZER_BYTES = 12.0
+TORCH_ADAM_BYTES = 8.0
+"""fp32 exp_avg + exp_avg_sq per parameter (torch AdamW; the fp32 weight is the parameter itself)."""
+ADAM_STEP_BYTES = 4.0
+"""torch AdamW's per-tensor ``step`` counter (a float32 scalar unless capturable/fused)."""
+ACTIVATION_SCALE = {"mixed": 1.0, "fp32": 2.0, "bf16_autocast": 1.0}
+"""Stored activation bytes relative to Korthikanti et al.'s 16-bit accounting."""
 
 
 def activation_bytes(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
@@ -34,10 +46,14 @@ def activation_bytes(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     replicated = 10.0 * sb * C.h / rep
     split = (8.0 * sb * C.h + 4.0 * sb * C.ffn) / C.t
     scores = 0.0 if C.flash else 5.0 * C.a * C.s * sb / C.t
-    full = replicated + split + scores
+    x = ACTIVATION_SCALE[C.precision]
+    full = (replicated + split + scores) * x
     dropped = (np.where(K.sel_attn, scores, 0.0) + np.where(K.sel_mlp, 4.0 * sb * C.ffn / C.t, 0.0)
-               + np.where(K.sel_norm, 4.0 * sb * C.h / rep, 0.0))
-    return {"full": full, "selective": full - dropped, "ckpt": 2.0 * sb * C.h / rep}
+               + np.where(K.sel_norm, 4.0 * sb * C.h / rep, 0.0)) * x
+    if C.precision == "bf16_autocast":
+        full = full + 2.0 * C.matmul_per_layer / C.t
+        dropped = dropped + np.where(K.sel_mlp, 2.0 * 2 * C.h * C.ffn / C.t, 0.0)
+    return {"full": full, "selective": full - dropped, "ckpt": 2.0 * sb * C.h / rep * x}
 
 
 def stage_memory(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
@@ -59,12 +75,18 @@ def stage_memory(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     working = np.where(col(K.rc) == 2, np.where(col(K.rc_block), full * (kept_block > 0), kept_block * full), 0.0)
     flight = in_flight(C, K).astype(float)
     logits = np.zeros_like(P)
-    logits[:, -1] = 4.0 * C.s * K.b * C.V / C.t * np.ceil(flight[:, -1] / K.v)
+    head_copy = 2.0 * C.V * C.h / C.t if C.precision == "bf16_autocast" else 0.0
+    logits[:, -1] = (4.0 * C.s * K.b * C.V / C.t + head_copy) * np.ceil(flight[:, -1] / K.v)
     activations = (flight * per_chunk + working + logits) * e.mem_activation_factor
+    weight_bytes, grad_bytes = state_bytes(C, K)
+    if C.precision == "mixed":
+        optimizer = OPTIMIZER_BYTES * P / shard
+    else:
+        optimizer = TORCH_ADAM_BYTES * P / shard + ADAM_STEP_BYTES * stage_tensors(C, K)
     parts = {
-        "params": 2.0 * P,
-        "grads": col(K.grad_bytes) * P,
-        "optimizer": OPTIMIZER_BYTES * P / shard,
+        "params": weight_bytes * P,
+        "grads": col(grad_bytes) * P,
+        "optimizer": optimizer,
         "activations": activations,
         "reserved": np.full_like(P, e.mem_reserved_gb * 1e9),
     }

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .knobs import Consts, Knobs, chunk_layers, recomputed_layers, stage_params
+from .knobs import Consts, Knobs, chunk_layers, recomputed_layers, stage_params, state_bytes
 
 TP_OPS_FWD = 4
 """All-gather/reduce-scatter-sized collectives per layer forward (2 all-reduces = 4 of them)."""
@@ -34,6 +34,8 @@ ATTN_BWD_UNFUSED = 2.0
 ADAM_BYTES = 26.0
 """HBM bytes an Adam step moves per (sharded) parameter besides the gradient read: fp32 master, m, v
 read and written (24) and the bf16 parameter written back (2)."""
+TORCH_ADAM_BYTES = 24.0
+"""The same for torch AdamW on fp32 parameters: the parameter, m and v, each read and written."""
 
 
 def _ring(n: int, nbytes, bw: float, lat: float, factor: float = 1.0):
@@ -106,11 +108,12 @@ def dp_times(C: Consts, K: Knobs, F: np.ndarray, B: np.ndarray) -> dict[str, np.
         return {"rs": zero, "ag": zero, "total": zero, "P": P}
     elems = col(K.bucket_mb) * 1e6 / 2.0
     nb = np.maximum(1.0, np.ceil(P / elems))
-    grad_bucket = P * col(K.grad_bytes) / nb
+    weight_bytes, grad_bytes = state_bytes(C, K)
+    grad_bucket = P * col(grad_bytes) / nb
     dist = col(K.dist)
     c_rs = np.where(dist, _ring(C.d, grad_bucket, C.bw_dp, C.lat_dp),
                     _ring(C.d, grad_bucket, C.bw_dp, C.lat_dp, factor=2.0))
-    c_ag = np.where(dist, _ring(C.d, P * 2.0 / nb, C.bw_dp, C.lat_dp), 0.0)
+    c_ag = np.where(dist, _ring(C.d, P * weight_bytes / nb, C.bw_dp, C.lat_dp), 0.0)
     k = np.minimum(C.eff.dp_overlap_microbatches, col(K.m).astype(float))
     rs = np.where(col(K.ogr), _overlapped(c_rs, nb, k * B), nb * c_rs)
     ag = np.where(col(K.opg), _overlapped(c_ag, nb, k * F), nb * c_ag)
@@ -133,7 +136,9 @@ def step_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     dp = dp_times(C, K, st["F"], st["B"])
     P = dp["P"]
     shard = np.where(K.dist[:, None], C.d, 1)
-    opt_bytes = P / shard * (ADAM_BYTES + K.grad_bytes[:, None])
+    _, grad_bytes = state_bytes(C, K)
+    adam = ADAM_BYTES if C.precision == "mixed" else TORCH_ADAM_BYTES
+    opt_bytes = P / shard * (adam + grad_bytes[:, None])
     optimizer = (opt_bytes / (C.hbm_bw * C.eff.optimizer_bw_eff)).max(axis=1)
     out = {
         "forward_s": m * at(st["f_comp"]),

@@ -44,7 +44,7 @@ def rank_pids(title: bytes = b"ray::RankWorker") -> set[int]:
 @pytest.mark.timeout(240)
 def test_sweep_measures_trials_on_a_warm_group_and_reports(ray_address, sweep_file, capsys):
     cfg = load_sweep(sweep_file(pruning={"enabled": True, "after_steps": 2, "slower_than_best": 1.2}),
-                     ["budget.n_trials=5", "target.step_time_s=1e-6", "tracking.enabled=true", "trainer.run.steps=8"])
+                     ["search.n_trials=5", "target.step_time_s=1e-6", "tracking.enabled=true", "trainer.run.steps=8"])
     summary, records = run_sweep(cfg)
     lines = Ledger(cfg.results_dir / "trials.jsonl").read()
     assert lines == records and len(lines) == 5
@@ -90,7 +90,7 @@ def test_sweep_measures_trials_on_a_warm_group_and_reports(ray_address, sweep_fi
 def test_killed_driver_resumes_without_losing_or_duplicating_trials(ray_address, sweep_file, tmp_path):
     path = sweep_file()
     cmd = [sys.executable, "-m", "orchestrator", "sweep", "--config", str(path), f"ray.address={ray_address}",
-           "budget.n_trials=6", "trainer.run.steps=12"]
+           "search.n_trials=6", "trainer.run.steps=12"]
     cfg = load_sweep(path, cmd[6:])
     ledger = Ledger(cfg.results_dir / "trials.jsonl")
     log = open(tmp_path / "first.log", "w")
@@ -135,7 +135,7 @@ def test_failing_trials_are_recorded_and_the_sweep_goes_on(ray_address, sweep_fi
     path = sweep_file(space=space, baseline={"parallel.pp": 2, "batch.micro_batch_size": 2},
                       enqueue=[{"parallel.pp": 1, "batch.micro_batch_size": 4, "run.device": "cuda"}],
                       resources={"world_size": 2, "cpus_per_rank": 1, "trial_timeout_s": 15})
-    cfg = load_sweep(path, ["budget.n_trials=7", "sampler.kind=random", "trainer.run.steps=30"])
+    cfg = load_sweep(path, ["search.n_trials=7", "sampler.kind=random", "trainer.run.steps=30"])
     ledger = Ledger(cfg.results_dir / "trials.jsonl")
     hit: list[int] = []
     done = threading.Event()
@@ -195,7 +195,7 @@ def test_resume_tells_a_measured_trial_from_the_ledger_and_requeues_an_unmeasure
     from orchestrator.space import suggest
     from orchestrator.sweep import Sweep
 
-    cfg = load_sweep(sweep_file(), ["budget.n_trials=4"])
+    cfg = load_sweep(sweep_file(), ["search.n_trials=4"])
     first = Sweep(cfg)
     first.recover()  # a new study: the baseline is queued
     measured = first.study.ask()
@@ -218,7 +218,7 @@ def test_resume_tells_a_measured_trial_from_the_ledger_and_requeues_an_unmeasure
 
 @pytest.mark.timeout(120)
 def test_a_met_target_is_confirmed_and_stops_the_sweep(ray_address, sweep_file):
-    cfg = load_sweep(sweep_file(), ["budget.n_trials=8", "target.step_time_s=30", "confirm.repeats=1"])
+    cfg = load_sweep(sweep_file(), ["search.n_trials=8", "target.step_time_s=30", "confirm.repeats=1"])
     summary, lines = run_sweep(cfg)
     assert [(r["kind"], r["trial"], r["meets_target"]) for r in lines] == [("baseline", 0, True), ("confirm", 0, True)]
     assert lines[1]["repeat"] == 1 and lines[1]["parity"]["passed"]
@@ -240,6 +240,6 @@ def test_a_baseline_that_cannot_run_stops_the_sweep_with_its_reason(ray_address,
     (trial,) = study_of(cfg).trials
     assert trial.state == TrialState.COMPLETE and trial.user_attrs["status"] == "timeout"
     # Rerunning with a sane timeout measures the baseline again and goes on.
-    summary, lines = run_sweep(load_sweep(sweep_file(), ["budget.n_trials=3"]))
+    summary, lines = run_sweep(load_sweep(sweep_file(), ["search.n_trials=3"]))
     assert [(r["kind"], r["status"]) for r in lines][:2] == [("baseline", "timeout"), ("baseline", "ok")]
     assert summary["baseline_trial"] == 1 and len(lines) == 3

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 @pytest.mark.timeout(120)
 def test_model_backend_runs_the_500b_preset_through_the_same_loop(tmp_path):
     cfg = load_sweep(REPO_ROOT / "search_spaces" / "preset-500b.yaml",
-                     [f"storage.results_dir={tmp_path}", "budget.n_trials=12", "tracking.enabled=true",
+                     [f"storage.results_dir={tmp_path}", "search.n_trials=12", "tracking.enabled=true",
                       "resources.memory_budget_gb=120"])
     summary, lines = run_sweep(cfg)
     assert lines == Ledger(cfg.results_dir / "trials.jsonl").read() and len(lines) == 12
@@ -44,7 +44,7 @@ def test_model_backend_runs_the_500b_preset_through_the_same_loop(tmp_path):
 @pytest.mark.timeout(60)
 def test_the_wall_time_budget_stops_new_trials(tmp_path):
     cfg = load_sweep(REPO_ROOT / "search_spaces" / "preset-500b.yaml",
-                     [f"storage.results_dir={tmp_path}", "budget.n_trials=100000", "budget.wall_time_s=2",
+                     [f"storage.results_dir={tmp_path}", "search.n_trials=100000", "search.wall_time_s=2",
                       "tracking.enabled=false"])
     summary, lines = run_sweep(cfg)
     assert summary["stopped_because"] == "the wall-time budget (2 s) is spent"
@@ -82,7 +82,7 @@ def test_two_worker_groups_run_trials_at_the_same_time(ray_address, sweep_file):
     cfg = load_sweep(sweep_file(space=space, baseline={"batch.micro_batch_size": 2},
                                 resources={"world_size": 1, "cpus_per_rank": 1, "concurrent_trials": 2,
                                            "trial_timeout_s": 60}),
-                     ["budget.n_trials=6", "trainer.run.steps=30"])
+                     ["search.n_trials=6", "trainer.run.steps=30"])
     summary, lines = run_sweep(cfg)
     assert len(lines) == 6 and all(r["status"] in ("ok", "skipped") for r in lines), [r["reason"] for r in lines]
     spans = [(datetime.fromisoformat(r["started_at"]), datetime.fromisoformat(r["finished_at"]))

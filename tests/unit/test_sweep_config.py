@@ -21,8 +21,8 @@ def test_default_sweep_is_valid_and_covers_all_four_knob_families():
 
 def test_cli_overrides_and_target_replacement(sweep_file):
     path = sweep_file(target={"relative_to_baseline": 0.8})
-    cfg = load_sweep(path, ["budget.n_trials=30", "target.step_time_s=9.3", "ray.address=auto"])
-    assert cfg.budget.n_trials == 30 and cfg.ray.address == "auto"
+    cfg = load_sweep(path, ["search.n_trials=30", "target.step_time_s=9.3", "ray.address=auto"])
+    assert cfg.search.n_trials == 30 and cfg.ray.address == "auto"
     assert cfg.target.kind == "absolute" and cfg.target.seconds(None) == 9.3
     cfg = load_sweep(path, ["target.schedule.days=76", "target.schedule.availability=0.9",
                             "target.schedule.updates=635782"])
@@ -37,9 +37,9 @@ def test_trainer_config_file_is_relative_to_the_sweep(sweep_file, tmp_path):
 
 # (changes to the tiny sweep, or CLI overrides, and the message the error must contain)
 BAD = [
-    ({}, ["search.n_trials=3"], "unknown field search (did you mean budget.n_trials?)"),
-    ({}, ["budget.n_trails=3"], "unknown field budget.n_trails (did you mean budget.n_trials?)"),
-    ({}, ["budget.n_trials=many"], "budget.n_trials: expected an integer"),
+    ({}, ["budget.n_trials=3"], "unknown field budget (did you mean search.n_trials?)"),
+    ({}, ["search.n_trails=3"], "unknown field search.n_trails (did you mean search.n_trials?)"),
+    ({}, ["search.n_trials=many"], "search.n_trials: expected an integer"),
     ({}, ["resources.world_size=0"], "resources.world_size=0 is out of range"),
     ({}, ["resources.placement=ANYWHERE"], "resources.placement='ANYWHERE' must be one of"),
     ({}, ["sampler.kind=grid"], "sampler.kind='grid' must be one of"),
@@ -95,6 +95,6 @@ def test_missing_file():
 def test_cli_reports_errors_without_a_traceback(capsys):
     from orchestrator.__main__ import main
 
-    assert main(["sweep", "--dry-run", "budget.n_trials=x"]) == 2
-    assert "error: budget.n_trials: expected an integer" in capsys.readouterr().err
+    assert main(["sweep", "--dry-run", "search.n_trials=x"]) == 2
+    assert "error: search.n_trials: expected an integer" in capsys.readouterr().err
     assert main(["sweep", "--dry-run"]) == 0
