@@ -17,6 +17,11 @@ import yaml
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["calibrate"]:  # its own parser: orchestrator.calibration.calibrate_main
+        from orchestrator.calibration import calibrate_main
+
+        return calibrate_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m orchestrator", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sw = sub.add_parser("sweep", help="run or resume a sweep")
@@ -24,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--dry-run", action="store_true", help="validate everything, launch nothing")
     sw.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. search.n_trials=30")
     rp = sub.add_parser("report", help="print a sweep's table from its ledger")
+    sub.add_parser("calibrate", help="fit the planner to a sweep's measured trials (calibrate --help)")
     ex = sub.add_parser("export", help="write a trial's config for the trainer and Megatron-LM")
     for p in (rp, ex):
         p.add_argument("--sweep", default="default", help="sweep name (default: default)")

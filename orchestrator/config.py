@@ -120,6 +120,9 @@ class SweepConfig:
     ray: RayConfig = field(default_factory=RayConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    prefilter: dict = field(default_factory=dict)
+    """Memory pre-filter for real (ray) sweeps: {enabled, cluster, calibration, memory_budget_gb (GiB), margin};
+    see orchestrator.prefilter.prefilter_from_settings."""
     source: Optional[str] = None
     """The sweep file this came from (set by load_sweep, not by the file)."""
     raw: dict = field(default_factory=dict, compare=False, repr=False)
@@ -225,6 +228,12 @@ def check_sweep(cfg: SweepConfig) -> None:
 
     configs = backends.configs_for(cfg)
     parity.check_space_is_throughput_only(cfg.space.override_keys)
+    if cfg.prefilter:
+        from orchestrator.prefilter import prefilter_from_settings
+
+        if cfg.backend != "ray":
+            raise ValueError("prefilter: only real (ray) sweeps are pre-filtered; the model backend predicts anyway")
+        prefilter_from_settings(cfg.prefilter, prefilter_base_dir(cfg), cfg.resources.memory_budget_gb)
     if cfg.backend == "ray" and "parallel.dp" in cfg.space.override_keys:
         raise ValueError("space.params.parallel.dp: dp is derived per trial as resources.world_size / parallel.pp")
     configs.baseline_params(cfg.space)
@@ -337,3 +346,8 @@ def _merge(a: dict, b: dict) -> dict:
     for k, v in b.items():
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
+
+
+def prefilter_base_dir(cfg: SweepConfig) -> Path:
+    """Where a sweep file's relative prefilter paths start: the sweep file's folder."""
+    return Path(cfg.source).parent if cfg.source else Path(".")

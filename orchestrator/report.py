@@ -10,6 +10,7 @@ import time
 from typing import Any, TextIO
 
 from orchestrator import ledger as L
+from orchestrator.prefilter import prefilter_summary, prefilter_summary_text
 from orchestrator.target import Target
 
 _SHORT = {"batch.micro_batch_size": "mbs", "parallel.pp": "pp", "pipeline.schedule": "sched",
@@ -102,6 +103,7 @@ def summarize(records: list[dict], target: Target, repeats: int) -> dict[str, An
         "distance_to_target_s": (best_s - target_s) if best_s is not None and target_s is not None else None,
         "overhead": L.overhead_stats(rows), "pruning": L.pruning_stats(rows),
         "trials_wall_s": sum(r["wall_s"] or 0.0 for r in records),
+        "prefilter": prefilter_summary(records),
     }
 
 
@@ -123,6 +125,8 @@ def summary_text(s: dict[str, Any]) -> str:
         d = s["distance_to_target_s"]
         out.append(f"target not met: best is {secs(abs(d), pred)} ({abs(d) / s['target_s']:.1%}) "
                    f"{'above' if d > 0 else 'below (not confirmed)'} it")
+    if s.get("prefilter", {}).get("skipped"):
+        out.append(prefilter_summary_text(s["prefilter"]))
     o = s["overhead"]
     if o["median_s"] is not None:
         out.append(f"per-trial overhead (trial wall - time in updates): median {o['median_s']:.2f} s, "

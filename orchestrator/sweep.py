@@ -26,7 +26,8 @@ from optuna.trial import TrialState
 
 from orchestrator import backends, parity, report
 from orchestrator import ledger as L
-from orchestrator.config import SweepConfig
+from orchestrator.config import SweepConfig, prefilter_base_dir
+from orchestrator.prefilter import REASON_PREFIX, prefilter_from_settings
 from orchestrator.space import suggest
 
 PENALTY_FACTOR = 10.0
@@ -68,6 +69,9 @@ class Sweep:
         self.stop_reason: str | None = None
         self.bookkeeping: list[float] = []
         """Driver seconds per finished trial after its ledger line (Optuna, MLflow): not in any trial's wall."""
+        self.prefilter = prefilter_from_settings(cfg.prefilter, prefilter_base_dir(cfg), cfg.resources.memory_budget_gb) \
+            if cfg.backend == "ray" else None
+        """Skips trials whose predicted peak memory exceeds the budget (orchestrator.prefilter); None: launch all."""
 
     @property
     def baseline_s(self) -> float | None:
@@ -215,6 +219,12 @@ class Sweep:
                 job.params = trial.params
                 self._finish(job, backends.RunOutcome("skipped", str(e)))
                 continue
+            if kind == "trial" and self.prefilter is not None:
+                verdict = self.prefilter.verdict(job.config)
+                if verdict.skip:  # a prediction, so the sampler sees the memory constraint it broke
+                    self._finish(job, backends.RunOutcome(
+                        "skipped", verdict.reason, prediction={"peak_memory_bytes": verdict.predicted_bytes}))
+                    continue
             same = next((r for r in L.measured(self.records)
                          if r["params"] == job.params and r["status"] in REUSABLE), None)
             if same is None or kind == "baseline":
@@ -340,10 +350,19 @@ class Sweep:
         status, m = src["status"], src["metrics"]
         base = self.baseline_s or m.get("step_time_s") or 1.0
         peak, budget = m.get("peak_memory_bytes") or 0, self.cfg.resources.memory_budget_gb
+        # A config the memory pre-filter kept from launching broke the memory constraint by prediction.
+        prefiltered = status == "skipped" and (src["reason"] or "").startswith(REASON_PREFIX)
+        if prefiltered:
+            predicted = (src.get("prediction") or {}).get("peak_memory_bytes") or 0
+            memory = max(1e-3, predicted / self.prefilter.budget_bytes - 1)
+        elif status == "oom":
+            memory = 1.0
+        else:
+            memory = max(0.0, peak / (budget * 2**30) - 1) if budget else 0.0
         constraints = {
-            "crash": 1.0 if status in ("failed", "timeout", "skipped") else 0.0,
+            "crash": 1.0 if status in ("failed", "timeout") or (status == "skipped" and not prefiltered) else 0.0,
             "parity": 1.0 if status == "nan" or (src["parity"] and not src["parity"]["passed"]) else 0.0,
-            "memory": 1.0 if status == "oom" else (max(0.0, peak / (budget * 2**30) - 1) if budget else 0.0),
+            "memory": memory,
         }
         for k, v in constraints.items():
             trial.set_constraint(k, v)

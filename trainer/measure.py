@@ -77,8 +77,9 @@ class PhaseClock:
 class SavedActivations:
     """Peak bytes of tensors saved for backward, via ``torch.autograd.graph.saved_tensors_hooks``.
 
-    Storages are counted once however many ops save them; parameters are not activations and are
-    skipped. A saved tensor stops counting when autograd frees it (its holder is collected), so the peak
+    Storages are counted once however many ops save them; parameters (and views of them) are not
+    activations and are skipped. What recomputation holds transiently inside backward is not counted:
+    checkpoint's own hooks take those tensors. A saved tensor stops counting when autograd frees it (its holder is collected), so the peak
     reflects how many microbatches a schedule keeps in flight and what recompute discards.
     """
 
@@ -94,7 +95,8 @@ class SavedActivations:
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, t: torch.Tensor):
-        if isinstance(t, nn.Parameter) or t.device.type == "meta":
+        # Weights (and views of them, like the transpose a Linear saves) are parameters, not activations.
+        if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter) or t.device.type == "meta":
             return t
         storage = t.untyped_storage()
         key = storage.data_ptr()
@@ -105,7 +107,9 @@ class SavedActivations:
             self.peak = max(self.peak, self.live)
         else:
             entry[0] += 1
-        return _Held(t, key, self)
+        # Held detached: autograd keeps a saved *output* without its grad_fn to avoid a reference cycle,
+        # and a hook that held the tensor itself would bring that cycle (and a leak until gc) back.
+        return _Held(t.detach(), key, self)
 
     @staticmethod
     def _unpack(held):

@@ -92,3 +92,31 @@ def test_two_worker_groups_run_trials_at_the_same_time(ray_address, sweep_file):
     # The baseline ran alone: nothing starts before it is measured.
     base_end = datetime.fromisoformat(lines[0]["finished_at"])
     assert all(s >= base_end for s, _ in spans)
+
+
+@pytest.mark.timeout(240)
+def test_prefilter_skips_configs_predicted_over_the_memory_budget(ray_address, sweep_file):
+    from orchestrator.backends import configs_for
+    from orchestrator.prefilter import MemoryPrefilter, load_cluster
+
+    cluster_file = REPO_ROOT / "search_spaces" / "clusters" / "cpu-local.yaml"
+    big = {"parallel.pp": 1, "batch.micro_batch_size": 4, "recompute.kind": "none",
+           "data_parallel.overlap_grad_reduce": True}
+    path = sweep_file(enqueue=[big], search={"n_trials": 3})
+    cfg = load_sweep(path, [])
+    cluster, priors = load_cluster(cluster_file)
+    predict = MemoryPrefilter(cluster, priors).verdict
+    configs = configs_for(cfg)
+    base_b = predict(configs.baseline).predicted_bytes
+    big_b = predict(configs.build(configs.overrides_for(cfg.space, big))).predicted_bytes
+    assert big_b > base_b
+    budget_gib = (base_b + big_b) / 2 / 2**30  # the baseline fits, the enqueued config does not
+    cfg = load_sweep(path, [f"prefilter.cluster={cluster_file}", f"prefilter.memory_budget_gb={budget_gib}"])
+    summary, lines = run_sweep(cfg)
+    assert lines[0]["kind"] == "baseline" and lines[0]["status"] == "ok"  # never filtered
+    skipped = [r for r in lines if r["status"] == "skipped" and r["reason"].startswith("prefilter:")]
+    assert skipped and skipped[0]["params"] == {**skipped[0]["params"], **big}
+    assert skipped[0]["result"] is None and skipped[0]["prediction"]["peak_memory_bytes"] > budget_gib * 2**30
+    assert summary["prefilter"]["skipped"] == len(skipped)
+    study = optuna.load_study(study_name=cfg.name, storage=cfg.optuna_url)
+    assert study.trials[skipped[0]["trial"]].constraints["memory"] > 0

@@ -1,0 +1,220 @@
+"""Calibrate the planner to a real sweep: fit its efficiency parameters to the trials in a ledger.
+
+``calibrate_from_ledger`` reads ``results/<sweep>/trials.jsonl``, maps each measured trial's trainer config
+onto the planner (``orchestrator.prefilter.plan_for_trial``), and hands the pairs to
+``orchestrator.planner.calibrate``; ``format_calibration`` prints the error per metric before and after;
+``write_calibration`` / ``load_calibration`` store the fitted efficiency as YAML a sweep's ``prefilter:``
+section points to. ``calibrate_main`` is the command line (``python -m orchestrator calibrate``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from orchestrator.planner import Calibration, ClusterSpec, Efficiency, calibrate
+from orchestrator.planner.calibrate import BOUNDS
+
+PHASE_METRICS = {"forward": "forward_s", "backward": "backward_incl_recompute_s", "optimizer": "optimizer_s",
+                 "dp_comm_wait": "dp_exposed_s", "pipeline_idle": "pp_idle_s"}
+"""The trainer's phases (per rank, summed over microbatches; max over ranks) and the planner's names."""
+METRICS = ("step_time_s", "peak_memory_bytes") + tuple(PHASE_METRICS.values())
+CPU_FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "pp_bw_eff", "dp_bw_eff", "dp_overlap_microbatches",
+           "optimizer_bw_eff", "mem_activation_factor")
+"""Fitted by default: what trials on one host can tell apart. Tensor parallelism is never used by the
+trainer (tp_bw_eff, tp_overlap stay as given), and the CPU memory measurement has no runtime overhead to
+fit (mem_reserved_gb). gemm_tokens_half trades off against matmul_eff unless the sweep varied the
+microbatch size widely; add it with ``fit=``."""
+
+
+@dataclass(frozen=True)
+class LedgerCalibration(Calibration):
+    """A planner ``Calibration`` plus where its records came from and which lines were left out."""
+
+    ledger: str = ""
+    used_trials: tuple[int, ...] = ()
+    skipped: tuple[tuple[int, str], ...] = ()
+    """(trial, why) for measured lines that could not be used (a config the planner cannot represent)."""
+
+
+def ledger_records(lines: Sequence[Mapping[str, Any]], cluster: ClusterSpec, efficiency: Efficiency | None = None,
+                   statuses: Sequence[str] = ("ok",), metrics: Sequence[str] = METRICS
+                   ) -> tuple[list[dict[str, Any]], list[int], list[tuple[int, str]]]:
+    """Calibration records from ledger lines: measured ray-backend lines of the given statuses.
+
+    Returns (records, their trial numbers, (trial, why) for lines that were measured but not usable).
+    """
+    from orchestrator.prefilter import plan_for_trial
+    from trainer.config import TrainConfig
+
+    records, used, skipped = [], [], []
+    for line in lines:
+        if line.get("backend") != "ray" or line.get("status") not in statuses or not line.get("result"):
+            continue
+        trial = int(line.get("trial", -1))
+        try:
+            plan = plan_for_trial(TrainConfig.from_dict(line["config"]), cluster, efficiency)
+        except ValueError as e:
+            skipped.append((trial, str(e)))
+            continue
+        measured = {k: v for k, v in _measured(line["result"]).items() if k in metrics}
+        # With nothing to reduce or no pipeline the planner predicts exactly 0 for these, while the trainer
+        # times the empty call: fitting that is fitting noise.
+        if plan.parallel.dp == 1:
+            measured.pop("dp_exposed_s", None)
+        if plan.parallel.pp == 1:
+            measured.pop("pp_idle_s", None)
+        if measured:
+            records.append({"config": plan, "measured": measured})
+            used.append(trial)
+    return records, used, skipped
+
+
+def _measured(result: Mapping[str, Any]) -> dict[str, float]:
+    summary = result.get("summary") or {}
+    out = {k: float(summary[k]) for k in ("step_time_s", "peak_memory_bytes") if summary.get(k)}
+    for phase, name in PHASE_METRICS.items():
+        value = (result.get("phases") or {}).get(phase)
+        if isinstance(value, Mapping):
+            value = value.get("max")
+        if value is not None:
+            out[name] = float(value)
+    return out
+
+
+def calibrate_from_ledger(ledger_path: str | Path, cluster: ClusterSpec, efficiency: Efficiency | None = None,
+                          fit: Sequence[str] | None = None, statuses: Sequence[str] = ("ok",),
+                          metrics: Sequence[str] = METRICS, prior_weight: float | None = None) -> LedgerCalibration:
+    """Fit ``fit`` (default ``CPU_FIT``) to a sweep's measured trials, starting from ``efficiency``.
+
+    Only ray-backend lines with a result and a status in ``statuses`` are used; add "infeasible" (measured,
+    then rejected by parity or the memory budget) and "pruned" (a probe's few updates) for more points:
+    their timings and memory are real measurements too. ValueError if nothing usable is left.
+    """
+    from orchestrator.ledger import Ledger
+
+    path = Path(ledger_path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no ledger here (run the sweep first, or check --sweep / --results-dir)")
+    records, used, skipped = ledger_records(Ledger(path).read(), cluster, efficiency, statuses, metrics)
+    if not records:
+        why = f"; {len(skipped)} could not be mapped, first: trial {skipped[0][0]}: {skipped[0][1]}" if skipped else ""
+        raise ValueError(f"{path}: no measured ray trial with status {' or '.join(statuses)}{why}")
+    base = dataclasses.replace(records[0]["config"], efficiency=efficiency or records[0]["config"].efficiency)
+    kwargs = {} if prior_weight is None else {"prior_weight": prior_weight}
+    cal = calibrate(records, base, fit=tuple(fit or CPU_FIT), **kwargs)
+    return LedgerCalibration(**{f.name: getattr(cal, f.name) for f in dataclasses.fields(Calibration)},
+                             ledger=str(path), used_trials=tuple(used), skipped=tuple(skipped))
+
+
+def format_calibration(cal: Calibration) -> str:
+    """The fit as a table: per metric, trials, mean and max |error| before and after, then the parameters."""
+    rows = [("metric", "n", "mean |err| before", "mean |err| after", "max |err| after")]
+    for name, after in cal.errors_after.items():
+        before = cal.errors_before.get(name, {})
+        rows.append((name, str(after["n"]), f"{before.get('mean_abs_pct', float('nan')):.1f}%",
+                     f"{after['mean_abs_pct']:.1f}%", f"{after['max_abs_pct']:.1f}%"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+
+    def fmt(row: tuple[str, ...]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+
+    lines = [fmt(rows[0]), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows[1:]]
+    lines.append("")
+    lines.append(f"fitted ({cal.n_records} trials, {cal.solver}): "
+                 + ", ".join(f"{k} = {v:.4g}" for k, v in cal.fitted.items()))
+    for trial, why in getattr(cal, "skipped", ()):
+        lines.append(f"not used: trial {trial}: {why}")
+    return "\n".join(lines)
+
+
+def write_calibration(cal: Calibration, path: str | Path, cluster_file: str | None = None) -> Path:
+    """The calibrated efficiency as YAML (``efficiency:`` is all ``load_calibration`` reads back)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "efficiency": dataclasses.asdict(cal.efficiency),
+        "calibration": {
+            "ledger": getattr(cal, "ledger", None), "cluster": cluster_file, "n_records": cal.n_records,
+            "trials": list(getattr(cal, "used_trials", ())), "solver": cal.solver, "fitted": cal.fitted,
+            "mean_abs_error_pct": {k: {"before": cal.errors_before.get(k, {}).get("mean_abs_pct"),
+                                       "after": v["mean_abs_pct"], "max_after": v["max_abs_pct"], "n": v["n"]}
+                                   for k, v in cal.errors_after.items()},
+            "not_used": [{"trial": t, "why": w} for t, w in getattr(cal, "skipped", ())],
+        },
+    }
+    header = ("# Planner efficiency fitted by `python -m orchestrator calibrate` to a sweep's measured trials.\n"
+              "# Point a sweep's prefilter.calibration here; only the efficiency: section is read back.\n")
+    path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def load_calibration(path: str | Path) -> Efficiency:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such calibration file (write one with python -m orchestrator calibrate)")
+    data = yaml.safe_load(path.read_text()) or {}
+    eff = data.get("efficiency") if isinstance(data, Mapping) else None
+    if not isinstance(eff, Mapping):
+        raise ValueError(f"{path}: expected an efficiency: mapping")
+    names = {f.name for f in dataclasses.fields(Efficiency)}
+    unknown = sorted(set(eff) - names)
+    if unknown:
+        raise ValueError(f"{path}: efficiency.{unknown[0]}: unknown field; known: {', '.join(sorted(names))}")
+    try:
+        return Efficiency(**eff)
+    except ValueError as e:
+        raise ValueError(f"{path}: efficiency.{e}") from None
+
+
+# ---- command line ------------------------------------------------------------------------------
+
+DEFAULT_CLUSTER = "search_spaces/clusters/cpu-local.yaml"
+
+
+def calibrate_main(argv: Sequence[str] | None = None) -> int:
+    """``calibrate --sweep NAME [--results-dir results] [--cluster FILE] [--out FILE.yaml] [...]``."""
+    from orchestrator.prefilter import load_cluster
+
+    p = argparse.ArgumentParser(prog="python -m orchestrator calibrate",
+                                description="fit the planner's efficiency parameters to a sweep's measured trials")
+    p.add_argument("--sweep", default="default", help="sweep name (default: default)")
+    p.add_argument("--results-dir", "--results", dest="results_dir", default="results",
+                   help="results directory (default: results)")
+    p.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"cluster file (default: {DEFAULT_CLUSTER})")
+    p.add_argument("--out", help="write the calibrated efficiency here (default: results/<sweep>/calibration.yaml)")
+    p.add_argument("--fit", help=f"comma-separated efficiency fields to fit (default: {','.join(CPU_FIT)})")
+    p.add_argument("--include", default="ok",
+                   help="comma-separated ledger statuses to use (default: ok; e.g. ok,infeasible,pruned)")
+    args = p.parse_args(argv)
+    try:
+        fit = [f.strip() for f in args.fit.split(",") if f.strip()] if args.fit else None
+        for name in fit or ():
+            if name not in BOUNDS:
+                raise ValueError(f"--fit: {name!r} is not fittable; choose from {', '.join(BOUNDS)}")
+        cluster, prior = load_cluster(args.cluster)
+        ledger = Path(args.results_dir) / args.sweep / "trials.jsonl"
+        cal = calibrate_from_ledger(ledger, cluster, prior, fit=fit,
+                                    statuses=tuple(s.strip() for s in args.include.split(",") if s.strip()))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"calibrated the planner on {cal.n_records} measured trials of {ledger} ({args.cluster})")
+    print()
+    print(format_calibration(cal))
+    out = Path(args.out) if args.out else Path(args.results_dir) / args.sweep / "calibration.yaml"
+    write_calibration(cal, out, cluster_file=args.cluster)
+    print()
+    print(f"wrote {out}; use it in a sweep file:")
+    print(f"  prefilter: {{enabled: true, cluster: {args.cluster}, calibration: {out}, memory_budget_gb: <GiB>}}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(calibrate_main())

@@ -1,0 +1,290 @@
+"""The memory pre-filter: predict a real trial's peak memory with the planner and skip configs that cannot fit.
+
+``plan_for_trial`` maps a trainer config (``trainer.config.TrainConfig``) onto the planner's ``PlanConfig``;
+``MemoryPrefilter.check`` evaluates only the planner's memory model (well under a millisecond) and says
+whether a sweep should launch the trial. A config the planner cannot represent is never skipped: the
+pre-filter says so and the trial runs, since only a prediction may stop a launch.
+
+What the trainer measures on CPU (``trainer/run.py``) is parameter + gradient + optimizer-state bytes plus
+the peak of saved-activation bytes; the planner's ``job.precision`` modes ``fp32`` and ``bf16_autocast``
+reproduce the first three exactly (the README, "Calibrating the planner to real trials", gives the measured activation error).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+from orchestrator.planner import (BalancedSplit, BatchConfig, ClusterSpec, DataParallelConfig, Efficiency,
+                                  FirstLastSplit, FullRecompute, JobSpec, ModelSpec, NoRecompute,
+                                  ParallelConfig, PipelineConfig, PlanConfig, SelectiveRecompute)
+from orchestrator.planner.knobs import Consts, encode
+from orchestrator.planner.memory import stage_memory
+from orchestrator.planner.parse import plan_config_from_dict
+
+REASON_PREFIX = "prefilter:"
+"""Every reason the pre-filter writes starts with this, so a ledger's skipped lines can be told apart."""
+
+
+# ---- the cluster file --------------------------------------------------------------------------
+
+def load_cluster(path: str | Path) -> tuple[ClusterSpec, Efficiency]:
+    """A cluster file (``cluster:`` and optional ``efficiency:`` priors) -> validated specs."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"cluster file {path}: no such file")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, Mapping) or "cluster" not in data:
+        raise ValueError(f"{path}: expected a mapping with a cluster: section (and optionally efficiency:)")
+    extra = sorted(set(data) - {"cluster", "efficiency"})
+    if extra:
+        raise ValueError(f"{path}: {extra[0]}: unknown section; known: cluster, efficiency")
+    # A one-rank placeholder plan lets the planner's own parser validate and name bad fields.
+    plan = plan_config_from_dict({"cluster": {**data["cluster"], "num_gpus": 1},
+                                  "efficiency": data.get("efficiency") or {}}, where=str(path))
+    cluster = dataclasses.replace(plan.cluster, num_gpus=int(data["cluster"].get("num_gpus", 1)))
+    return cluster, plan.efficiency
+
+
+# ---- trainer config -> planner config ----------------------------------------------------------
+
+def plan_for_trial(train_cfg: Any, cluster: ClusterSpec, efficiency: Efficiency | None = None) -> PlanConfig:
+    """The planner's view of a trainer config on ``cluster`` (its GPU count becomes the trial's pp x dp).
+
+    Raises ValueError (naming the trainer field) for what the planner cannot represent: FSDP with dp > 1,
+    and layer splits that are not "first, equal middle stages, last" per pipeline rank with equal model
+    chunks on each rank. ``mapping_notes`` lists the approximations made for everything else.
+    """
+    from trainer.config import FsdpDP, FullRecompute as TFull, SelectiveRecompute as TSel, TorchDDP
+
+    m, par, pipe = train_cfg.model, train_cfg.parallel, train_cfg.pipeline
+    model = ModelSpec(num_layers=m.n_layers, hidden_size=m.d_model, num_heads=m.n_heads, ffn_hidden_size=m.ffn_dim,
+                      vocab_size=m.vocab_size, tied_embeddings=False, linear_biases=False,
+                      # CPU and CUDA SDPA pick fused kernels that keep no s x s scores (measured on CPU:
+                      # ScaledDotProductFlashAttentionForCpu), which is what flash_attention models.
+                      flash_attention=True, position_embeddings=m.seq_len)
+    job = JobSpec(global_batch=train_cfg.batch.global_batch, seq_len=m.seq_len,
+                  precision="fp32" if train_cfg.run.precision == "fp32" else "bf16_autocast")
+    dpc = train_cfg.data_parallel
+    if isinstance(dpc, FsdpDP) and par.dp > 1:
+        raise ValueError("data_parallel.kind=fsdp: the planner models replicated parameters and gradients "
+                         "(Megatron's distributed optimizer shards only optimizer state); not predicted")
+    if par.dp > 1 and not isinstance(dpc, FsdpDP):
+        overlap = True if isinstance(dpc, TorchDDP) else dpc.overlap_grad_reduce
+        # The trainer's buckets hold bucket_mb MB of fp32 gradients; the planner's bucket_mb counts bf16 ones.
+        dp = DataParallelConfig(overlap_grad_reduce=overlap, bucket_mb=dpc.bucket_mb / 2.0,
+                                distributed_optimizer=False, grad_reduce_dtype="fp32")
+    else:
+        dp = DataParallelConfig(distributed_optimizer=False, grad_reduce_dtype="fp32")
+    rc = train_cfg.recompute
+    if isinstance(rc, TFull):
+        recompute: Any = FullRecompute(method=rc.method, num_layers=rc.num_layers)
+    elif isinstance(rc, TSel):
+        recompute = SelectiveRecompute(modules=tuple(rc.modules))
+    else:
+        recompute = NoRecompute()
+    if par.pp == 1:
+        # Without a pipeline the trainer accumulates microbatches one at a time, whatever the schedule says:
+        # one microbatch in flight, which is the planner's 1F1B on a single stage.
+        pipeline = PipelineConfig(schedule="1f1b")
+    else:
+        pipeline = PipelineConfig(schedule=pipe.schedule, virtual_stages=pipe.virtual_stages,
+                                  split=_split_for(train_cfg.stage_layers(), par.pp, pipe.virtual_stages))
+    return PlanConfig(cluster=dataclasses.replace(cluster, num_gpus=par.pp * par.dp), model=model, job=job,
+                      efficiency=efficiency or Efficiency(),
+                      parallel=ParallelConfig(tp=1, pp=par.pp, dp=par.dp, sequence_parallel=False),
+                      batch=BatchConfig(micro_batch_size=train_cfg.batch.micro_batch_size), pipeline=pipeline,
+                      recompute=recompute, data_parallel=dp)
+
+
+def _split_for(chunks: list[list[int]], pp: int, v: int) -> BalancedSplit | FirstLastSplit:
+    """Per-rank layer counts as the planner's split (chunk c lives on rank c % pp, the trainer's placement)."""
+    sizes = [[len(chunks[r + k * pp]) for k in range(v)] for r in range(pp)]
+    if any(len(set(s)) > 1 for s in sizes):
+        raise ValueError(f"pipeline.split: model chunks of unequal size on one rank {sizes} (layers per chunk, "
+                         f"per rank); the planner gives each rank's chunks equal layers; not predicted")
+    counts = [sum(s) for s in sizes]
+    if len(set(counts)) == 1:
+        return BalancedSplit()
+    if len(set(counts[1:-1])) <= 1:
+        return FirstLastSplit(first=counts[0], last=counts[-1])
+    raise ValueError(f"pipeline.split: layers per rank {counts} are not first / equal middle / last; "
+                     f"the planner cannot represent them; not predicted")
+
+
+def mapping_notes(train_cfg: Any) -> list[str]:
+    """Where ``plan_for_trial`` approximates: what differs and which way it errs."""
+    from trainer.config import FsdpDP, TorchDDP
+
+    notes = []
+    dpc, par = train_cfg.data_parallel, train_cfg.parallel
+    if isinstance(dpc, TorchDDP) and par.dp > 1:
+        notes.append("data_parallel.kind=torch_ddp is modelled as the bucketed all-reduce with overlap; DDP's own "
+                     "gradient buckets (one more gradient copy) are not counted, as the CPU measurement does not")
+    if isinstance(dpc, FsdpDP) and par.dp == 1:
+        notes.append("data_parallel.kind=fsdp with dp=1 shards nothing: modelled as replicated")
+    if par.pp == 1 and train_cfg.pipeline.schedule != "1f1b":
+        notes.append(f"pipeline.schedule={train_cfg.pipeline.schedule} has no effect with pp=1 (gradient "
+                     f"accumulation, one microbatch in flight)")
+    return notes
+
+
+# ---- the pre-filter ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Verdict:
+    """One pre-filter decision. ``predicted_bytes`` is None when the config could not be predicted."""
+
+    skip: bool
+    reason: str
+    predicted_bytes: float | None = None
+    budget_bytes: float | None = None
+    stage: int | None = None
+    parts: dict[str, float] | None = None
+    """Bytes of the peak stage by kind: params, grads, optimizer, activations, reserved."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class MemoryPrefilter:
+    """Skip trainer configs whose predicted peak memory per rank exceeds a budget.
+
+    ``efficiency`` should be a calibrated one (``orchestrator.calibration``); without it the planner's
+    defaults are used. ``budget_bytes`` defaults to the cluster's memory per GPU (``hbm_gb``). A config is
+    skipped when its prediction exceeds ``budget_bytes * (1 + margin)``: a positive margin (say the
+    calibrated memory fit's max error) keeps a model error from stopping a config that would have fit.
+    """
+
+    def __init__(self, cluster: ClusterSpec, efficiency: Efficiency | None = None, budget_bytes: float | None = None,
+                 margin: float = 0.0):
+        if budget_bytes is not None and not budget_bytes > 0:
+            raise ValueError(f"prefilter budget: must be > 0 bytes, got {budget_bytes!r}")
+        if not margin >= 0:
+            raise ValueError(f"prefilter.margin: must be >= 0, got {margin!r}")
+        self.cluster = cluster
+        self.efficiency = efficiency or Efficiency()
+        self.budget_bytes = float(budget_bytes) if budget_bytes is not None else cluster.hbm_bytes
+        self.margin = float(margin)
+        self.checked = self.skipped = self.not_predicted = 0
+
+    def verdict(self, train_cfg: Any) -> Verdict:
+        self.checked += 1
+        try:
+            plan = plan_for_trial(train_cfg, self.cluster, self.efficiency)
+        except ValueError as e:
+            self.not_predicted += 1
+            return Verdict(False, f"{REASON_PREFIX} not predicted, launched anyway ({e})",
+                           budget_bytes=self.budget_bytes)
+        mem = stage_memory(Consts.of(plan), encode([plan]))
+        stage = int(mem["peak_stage"][0])
+        peak = float(mem["peak"][0])
+        parts = {k: float(mem[k][0, stage]) for k in ("params", "grads", "optimizer", "activations", "reserved")}
+        detail = ", ".join(f"{k} {_fmt(v)}" for k, v in parts.items() if v)
+        where = f"pipeline stage {stage}" if plan.parallel.pp > 1 else "each rank"
+        limit = self.budget_bytes * (1.0 + self.margin)
+        if peak > limit:
+            self.skipped += 1
+            margin = f" (+{self.margin:.0%} margin)" if self.margin else ""
+            return Verdict(True, f"{REASON_PREFIX} predicted peak {_fmt(peak)} on {where} > budget "
+                                 f"{_fmt(self.budget_bytes)}{margin} ({detail}); not launched",
+                           peak, self.budget_bytes, stage, parts)
+        return Verdict(False, f"{REASON_PREFIX} predicted peak {_fmt(peak)} on {where} fits the budget "
+                              f"{_fmt(self.budget_bytes)} ({detail})", peak, self.budget_bytes, stage, parts)
+
+    def check(self, train_cfg: Any) -> tuple[bool, str]:
+        """(True, why) to skip the config, (False, why) to launch it."""
+        v = self.verdict(train_cfg)
+        return v.skip, v.reason
+
+    def summary(self) -> str:
+        return (f"memory pre-filter: {self.checked} configs checked, {self.skipped} not launched (predicted over "
+                f"{_fmt(self.budget_bytes)}), {self.not_predicted} launched without a prediction")
+
+
+def _fmt(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+# ---- the sweep's prefilter: section ------------------------------------------------------------
+
+SETTINGS = ("enabled", "cluster", "calibration", "memory_budget_gb", "margin")
+
+
+def prefilter_from_settings(settings: Mapping[str, Any] | None, base_dir: str | Path = ".",
+                            default_budget_gb: float | None = None) -> MemoryPrefilter | None:
+    """A sweep file's ``prefilter:`` mapping -> a MemoryPrefilter, or None when absent or not enabled.
+
+    ``cluster`` and ``calibration`` paths are relative to ``base_dir`` (the sweep file's folder) unless
+    absolute or found from the working directory. ``memory_budget_gb`` is in GiB (2**30 bytes), the unit of
+    the sweep's ``resources.memory_budget_gb``, which is the default because both judge the same number;
+    without either the cluster's ``hbm_gb`` is the budget. Errors name ``prefilter.<field>``.
+    """
+    if not settings:
+        return None
+    if not isinstance(settings, Mapping):
+        raise ValueError("prefilter: expected a mapping (enabled, cluster, calibration, memory_budget_gb, margin)")
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise ValueError(f"prefilter.{unknown[0]}: unknown field; known: {', '.join(SETTINGS)}")
+    enabled = settings.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ValueError(f"prefilter.enabled: expected true or false, got {enabled!r}")
+    if not enabled:
+        return None
+    if not settings.get("cluster"):
+        raise ValueError("prefilter.cluster: required (e.g. search_spaces/clusters/cpu-local.yaml)")
+    try:
+        cluster, efficiency = load_cluster(_resolve(settings["cluster"], base_dir))
+    except ValueError as e:
+        raise ValueError(f"prefilter.cluster: {e}") from None
+    if settings.get("calibration"):
+        from orchestrator.calibration import load_calibration
+
+        try:
+            efficiency = load_calibration(_resolve(settings["calibration"], base_dir))
+        except ValueError as e:
+            raise ValueError(f"prefilter.calibration: {e}") from None
+    budget_gb = settings.get("memory_budget_gb", default_budget_gb)
+    if budget_gb is not None and (isinstance(budget_gb, bool) or not isinstance(budget_gb, (int, float))
+                                  or budget_gb <= 0):
+        raise ValueError(f"prefilter.memory_budget_gb: expected a number > 0 (GiB), got {budget_gb!r}")
+    margin = settings.get("margin", 0.0)
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < 0:
+        raise ValueError(f"prefilter.margin: expected a number >= 0, got {margin!r}")
+    return MemoryPrefilter(cluster, efficiency, budget_bytes=budget_gb * 2**30 if budget_gb else None,
+                           margin=float(margin))
+
+
+def _resolve(path: str | Path, base_dir: str | Path) -> Path:
+    p = Path(path)
+    if p.is_absolute() or p.exists():
+        return p
+    return Path(base_dir) / p
+
+
+def prefilter_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """From a ledger: how many trials the pre-filter kept from launching, and the reasons (one per trial)."""
+    skipped = [r for r in records
+               if r.get("status") == "skipped" and str(r.get("reason") or "").startswith(REASON_PREFIX)]
+    return {"skipped": len(skipped), "reasons": {int(r["trial"]): r["reason"] for r in skipped}}
+
+
+def prefilter_summary_text(summary: Mapping[str, Any], limit: int = 5) -> str:
+    """``prefilter_summary``'s result as the lines a sweep summary prints."""
+    n = summary["skipped"]
+    if not n:
+        return "memory pre-filter: no config was predicted over the memory budget"
+    lines = [f"memory pre-filter: {n} config(s) not launched, predicted over the memory budget:"]
+    for trial, reason in list(summary["reasons"].items())[:limit]:
+        lines.append(f"  trial {trial}: {reason[len(REASON_PREFIX):].strip()}")
+    if n > limit:
+        lines.append(f"  ... and {n - limit} more (the ledger's skipped lines)")
+    return "\n".join(lines)

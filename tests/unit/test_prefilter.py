@@ -1,0 +1,232 @@
+"""The memory pre-filter: trainer config -> planner config, exact model-state bytes, skip / launch decisions."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import yaml
+
+from orchestrator.planner import (BalancedSplit, ClusterSpec, Efficiency, FirstLastSplit, FullRecompute, NoRecompute,
+                                  SelectiveRecompute)
+from orchestrator.planner.knobs import Consts, encode
+from orchestrator.planner.memory import stage_memory
+from orchestrator.prefilter import (REASON_PREFIX, MemoryPrefilter, load_cluster, mapping_notes, plan_for_trial,
+                                    prefilter_from_settings, prefilter_summary, prefilter_summary_text)
+from trainer.config import TrainConfig, apply_overrides
+
+CPU = ClusterSpec(name="test-cpu", num_gpus=2, gpus_per_node=64, peak_tflops=0.16, hbm_gb=8.0, hbm_bw_GBps=10.0,
+                  intra_node_bw_GBps=0.9, intra_node_latency_us=170.0)
+EXACT = Efficiency(mem_reserved_gb=0.0, mem_activation_factor=1.0)
+BASE = {"model": {"vocab_size": 256, "n_layers": 6, "d_model": 64, "n_heads": 4, "seq_len": 64},
+        "batch": {"global_batch": 16}, "run": {"steps": 2, "warmup_steps": 1}}
+REPLICATE = {"data_parallel.kind": "replicate"}
+
+
+def tcfg(**flat) -> TrainConfig:
+    return TrainConfig.from_dict(apply_overrides(BASE, {k.replace("__", "."): v for k, v in flat.items()}))
+
+
+# ---- mapping ---------------------------------------------------------------------------------------------
+
+MAPPING = [
+    # (trainer overrides, expected planner fields)
+    ({}, {"gpus": 1, "tp": 1, "pp": 1, "dp": 1, "schedule": "1f1b", "v": 1, "split": BalancedSplit(),
+          "recompute": NoRecompute(), "precision": "fp32", "mbs": 1, "microbatches": 16}),
+    ({"parallel.pp": 2, "pipeline.split.kind": "first_last", "pipeline.split.first": 2, "pipeline.split.last": 4,
+      "batch.micro_batch_size": 2},
+     {"gpus": 2, "pp": 2, "split": FirstLastSplit(first=2, last=4), "mbs": 2, "microbatches": 8}),
+    ({"parallel.pp": 2, "model.n_layers": 7}, {"split": FirstLastSplit(first=4, last=3)}),  # trainer's [4, 3]
+    ({"parallel.pp": 2, "model.n_layers": 8, "pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 2},
+     {"schedule": "interleaved_1f1b", "v": 2, "split": BalancedSplit()}),
+    ({"parallel.pp": 2, "pipeline.schedule": "gpipe", "run.precision": "bf16"},
+     {"schedule": "gpipe", "precision": "bf16_autocast"}),
+    ({"parallel.pp": 1, "pipeline.schedule": "gpipe"}, {"schedule": "1f1b"}),  # pp=1 is plain accumulation
+    ({"recompute.kind": "full", "recompute.method": "block", "recompute.num_layers": 2},
+     {"recompute": FullRecompute(method="block", num_layers=2)}),
+    ({"recompute.kind": "selective", "recompute.modules": ["mlp", "norm"]},
+     {"recompute": SelectiveRecompute(modules=("mlp", "norm"))}),
+    ({"parallel.dp": 2, **REPLICATE, "data_parallel.bucket_mb": 2.0, "data_parallel.overlap_grad_reduce": False},
+     {"gpus": 2, "dp": 2, "bucket_mb": 1.0, "overlap": False, "microbatches": 8}),
+    ({"parallel.dp": 2, "data_parallel.kind": "torch_ddp", "data_parallel.bucket_mb": 8.0},
+     {"dp": 2, "bucket_mb": 4.0, "overlap": True}),
+]
+
+
+@pytest.mark.parametrize("overrides,expected", MAPPING)
+def test_mapping_table(overrides, expected):
+    cfg = TrainConfig.from_dict(apply_overrides(BASE, overrides))
+    plan = plan_for_trial(cfg, CPU, EXACT)
+    got = {"gpus": plan.cluster.num_gpus, "tp": plan.parallel.tp, "pp": plan.parallel.pp, "dp": plan.parallel.dp,
+           "schedule": plan.pipeline.schedule, "v": plan.pipeline.virtual_stages, "split": plan.pipeline.split,
+           "recompute": plan.recompute, "precision": plan.job.precision, "mbs": plan.batch.micro_batch_size,
+           "microbatches": plan.microbatches, "bucket_mb": plan.data_parallel.bucket_mb,
+           "overlap": plan.data_parallel.overlap_grad_reduce}
+    assert {k: got[k] for k in expected} == expected
+    m = plan.model
+    assert (m.num_layers, m.hidden_size, m.num_heads, m.ffn, m.vocab_size) == (
+        cfg.model.n_layers, cfg.model.d_model, cfg.model.n_heads, cfg.model.ffn_dim, cfg.model.vocab_size)
+    assert (m.linear_biases, m.tied_embeddings, m.position_embeddings) == (False, False, cfg.model.seq_len)
+    assert not plan.data_parallel.distributed_optimizer and plan.efficiency is EXACT
+    assert plan.stage_layers == [sum(len(c) for c in cfg.stage_layers()[r::cfg.parallel.pp])
+                                 for r in range(cfg.parallel.pp)]
+
+
+def test_mapping_notes_name_the_approximations():
+    assert mapping_notes(tcfg()) == []
+    assert "torch_ddp" in mapping_notes(tcfg(parallel__dp=2, data_parallel__kind="torch_ddp"))[0]
+    assert "no effect with pp=1" in mapping_notes(tcfg(pipeline__schedule="gpipe"))[0]
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ({"parallel.dp": 2, "data_parallel.kind": "fsdp"}, "data_parallel.kind=fsdp"),
+    # 6 layers over 4 chunks: [1, 2, 2, 1], so each rank holds a 1-layer and a 2-layer chunk.
+    ({"parallel.pp": 2, "pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 2,
+      "batch.micro_batch_size": 2}, "unequal size"),
+])
+def test_what_the_planner_cannot_represent_is_a_clear_error(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        plan_for_trial(TrainConfig.from_dict(apply_overrides(BASE, overrides)), CPU)
+
+
+# ---- exact model state against the trainer's own modules (in process) ------------------------------------
+
+@pytest.mark.parametrize("overrides", [
+    {"parallel.pp": 2, "pipeline.split.kind": "first_last", "pipeline.split.first": 2, "pipeline.split.last": 4},
+    {"parallel.pp": 2, "model.n_layers": 8, "pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 2},
+    {"parallel.dp": 2, "run.precision": "bf16", "model.d_ff": 96},
+])
+def test_params_grads_and_adam_state_are_exact(overrides):
+    """The bytes trainer/run.py reports: parameters, .grad, and every tensor in AdamW's state."""
+    from trainer.parallelize import build_chunks
+
+    cfg = TrainConfig.from_dict(apply_overrides(BASE, overrides))
+    plan = plan_for_trial(cfg, CPU, EXACT)
+    mem = stage_memory(Consts.of(plan), encode([plan]))
+    for pp_rank in range(cfg.parallel.pp):
+        chunks, _ = build_chunks(cfg, pp_rank, torch.device("cpu"))
+        params = [p for c in chunks for p in c.parameters()]
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opt = torch.optim.AdamW(params)
+        opt.step()
+        nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+        measured = {"params": nbytes(params), "grads": nbytes(p.grad for p in params),
+                    "optimizer": nbytes(v for st in opt.state.values() for v in st.values() if torch.is_tensor(v))}
+        predicted = {k: mem[k][0, pp_rank] for k in measured}
+        assert predicted == measured, pp_rank
+
+
+def test_precision_modes_scale_activations():
+    fp32 = plan_for_trial(tcfg(parallel__pp=2), CPU, EXACT)
+    bf16 = plan_for_trial(tcfg(parallel__pp=2, run__precision="bf16"), CPU, EXACT)
+    a32 = stage_memory(Consts.of(fp32), encode([fp32]))["activations"][0, 0]
+    a16 = stage_memory(Consts.of(bf16), encode([bf16]))["activations"][0, 0]
+    # Stage 0 holds 2 microbatches (1F1B) of 3 layers; bf16 adds each layer's bf16 GEMM weight copy per microbatch.
+    weight_copies = 2 * 3 * 2 * fp32.model.matmul_params_per_layer
+    assert a16 - weight_copies == pytest.approx(a32 / 2)
+
+
+# ---- the pre-filter --------------------------------------------------------------------------------------
+
+def test_skips_what_cannot_fit_and_launches_what_fits():
+    cfg = tcfg(parallel__pp=2, batch__micro_batch_size=4, pipeline__schedule="gpipe")
+    plan = plan_for_trial(cfg, CPU, EXACT)
+    need = stage_memory(Consts.of(plan), encode([plan]))["peak"][0]
+    skip, why = MemoryPrefilter(CPU, EXACT, budget_bytes=need / 2).check(cfg)
+    assert skip and why.startswith(REASON_PREFIX) and "not launched" in why
+    assert "> budget" in why and "pipeline stage" in why and "activations" in why
+    skip, why = MemoryPrefilter(CPU, EXACT, budget_bytes=need * 1.01).check(cfg)
+    assert not skip and "fits" in why
+    # A margin forgives a prediction up to that much over the budget.
+    assert not MemoryPrefilter(CPU, EXACT, budget_bytes=need / 1.2, margin=0.25).check(cfg)[0]
+    # Without a budget the cluster's memory per GPU is the limit; tiny hbm_gb: skipped.
+    tiny = ClusterSpec(name="tiny", num_gpus=2, hbm_gb=0.001)
+    assert MemoryPrefilter(tiny, EXACT).check(cfg)[0]
+
+
+def test_unpredictable_configs_are_launched_and_counted():
+    pf = MemoryPrefilter(CPU, EXACT, budget_bytes=1.0)
+    skip, why = pf.check(tcfg(parallel__dp=2, data_parallel__kind="fsdp"))
+    assert not skip and "not predicted" in why and "fsdp" in why
+    assert pf.check(tcfg())[0]
+    assert (pf.checked, pf.skipped, pf.not_predicted) == (2, 1, 1)
+    assert "1 not launched" in pf.summary() and "1 launched without a prediction" in pf.summary()
+
+
+def test_check_is_cheap():
+    pf = MemoryPrefilter(CPU, EXACT, budget_bytes=1e9)
+    cfgs = [tcfg(parallel__pp=2, batch__micro_batch_size=b) for b in (1, 2, 4)] + [tcfg(parallel__dp=2, **REPLICATE)]
+    pf.check(cfgs[0])
+    t0 = time.perf_counter()
+    for _ in range(50):
+        for c in cfgs:
+            pf.check(c)
+    per_call = (time.perf_counter() - t0) / (50 * len(cfgs))
+    assert per_call < 5e-3, f"{per_call * 1e3:.2f} ms per check"
+
+
+def test_the_repo_cluster_file_loads():
+    cluster, eff = load_cluster("search_spaces/clusters/cpu-local.yaml")
+    assert cluster.name == "cpu-local" and eff.mem_reserved_gb == 0.0
+    assert plan_for_trial(tcfg(parallel__pp=2), cluster, eff).cluster.num_gpus == 2
+
+
+def test_settings_section(tmp_path):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(yaml.safe_dump({"cluster": {"name": "c", "num_gpus": 2, "hbm_gb": 4.0},
+                                       "efficiency": {"mem_reserved_gb": 0.0}}))
+    calib = tmp_path / "cal.yaml"
+    calib.write_text(yaml.safe_dump({"efficiency": {"mem_reserved_gb": 0.0, "mem_activation_factor": 1.5}}))
+    assert prefilter_from_settings(None) is None
+    assert prefilter_from_settings({"enabled": False, "cluster": "x"}) is None
+    pf = prefilter_from_settings({"enabled": True, "cluster": "c.yaml", "calibration": "cal.yaml",
+                                  "memory_budget_gb": 0.5}, base_dir=tmp_path)
+    assert pf.budget_bytes == 0.5 * 2**30 and pf.efficiency.mem_activation_factor == 1.5
+    assert prefilter_from_settings({"cluster": str(cluster)}, default_budget_gb=2).budget_bytes == 2 * 2**30
+    assert prefilter_from_settings({"cluster": str(cluster)}).budget_bytes == 4e9      # the cluster's hbm_gb
+    for bad, match in [({"cluster": str(cluster), "budget": 1}, "prefilter.budget: unknown"),
+                       ({"enabled": True}, "prefilter.cluster: required"),
+                       ({"cluster": "nope.yaml"}, "prefilter.cluster: .*no such file"),
+                       ({"cluster": str(cluster), "memory_budget_gb": -1}, "prefilter.memory_budget_gb"),
+                       ({"cluster": str(cluster), "calibration": "missing.yaml"}, "prefilter.calibration")]:
+        with pytest.raises(ValueError, match=match):
+            prefilter_from_settings(bad, base_dir=tmp_path)
+
+
+def test_summary_from_the_ledger():
+    lines = [{"trial": 1, "status": "ok", "reason": None},
+             {"trial": 2, "status": "skipped", "reason": f"{REASON_PREFIX} predicted peak 3 GiB > budget 2 GiB"},
+             {"trial": 3, "status": "skipped", "reason": "same params as trial 1 (ok): reused, not run again"}]
+    s = prefilter_summary(lines)
+    assert s["skipped"] == 1 and list(s["reasons"]) == [2]
+    text = prefilter_summary_text(s)
+    assert "1 config(s) not launched" in text and "trial 2: predicted peak" in text
+    assert "no config" in prefilter_summary_text(prefilter_summary(lines[:1]))
+
+
+# ---- against a real run ----------------------------------------------------------------------------------
+
+ACTIVATION_RANGE = (0.9, 1.1)
+"""Measured / predicted saved-activation bytes on CPU without full recompute: 0.95-1.01 measured (fp32, pp 1-2,
+1F1B and GPipe, selective recompute)."""
+
+
+@pytest.mark.distributed
+def test_prediction_against_a_real_cpu_run():
+    from trainer.launch import spawn
+
+    cfg = tcfg(parallel__pp=2, batch__micro_batch_size=2, model__n_layers=4, batch__global_batch=8)
+    result = spawn(cfg)
+    plan = plan_for_trial(cfg, CPU, EXACT)
+    mem = stage_memory(Consts.of(plan), encode([plan]))
+    for rank in result.ranks:
+        s, m = rank.pp_rank, rank.memory
+        assert mem["params"][0, s] == m["param_bytes"] and mem["grads"][0, s] == m["grad_bytes"]
+        assert mem["optimizer"][0, s] == m["optimizer_state_bytes"]
+        ratio = m["saved_activation_peak_bytes"] / mem["activations"][0, s]
+        assert ACTIVATION_RANGE[0] <= ratio <= ACTIVATION_RANGE[1], (s, ratio)
+    measured_peak = result.summary.peak_memory_bytes
+    assert MemoryPrefilter(CPU, EXACT, budget_bytes=measured_peak / 2).check(cfg)[0]
+    assert not MemoryPrefilter(CPU, EXACT, budget_bytes=measured_peak * 1.05).check(cfg)[0]
