@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from trainer.result import Result
@@ -154,3 +155,55 @@ def compare(reference: dict[str, Any], result: Result, precision: str | None = N
         "replica_max_abs_diff": result.replica_max_abs_diff,
         "tolerance": asdict(tol),
     }
+
+
+class ReferenceStore:
+    """Baseline references kept by what affects the maths: ``<root>/<maths_key>.json``.
+
+    Any sweep whose baseline has the same maths reuses the first stored run as its reference (a resumed or
+    repeated sweep compares against the same numbers), and each new baseline run of those maths is added,
+    which gives the run-to-run spread that widens bf16/GPU tolerances. A change of anything in MATHS_FIELDS
+    is a different key, so a reference is never reused across it.
+    """
+
+    KEEP = 5
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def runs(self, key: str) -> list[dict[str, Any]]:
+        path = self.root / f"{key}.json"
+        return json.loads(path.read_text())["runs"] if path.exists() else []
+
+    def add(self, ref: dict[str, Any]) -> list[dict[str, Any]]:
+        runs = (self.runs(ref["maths_key"]) + [ref])[: self.KEEP]
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".{ref['maths_key']}.tmp"
+        tmp.write_text(json.dumps({"maths_key": ref["maths_key"], "runs": runs}))
+        tmp.replace(self.root / f"{ref['maths_key']}.json")
+        return runs
+
+
+def needs_repeat(train_cfg: dict[str, Any]) -> bool:
+    """bf16 or GPU runs need the baseline's own run-to-run spread for their tolerance; fp32 on CPU is exact."""
+    return train_cfg["run"]["precision"] != "fp32" or train_cfg["run"]["device"] != "cpu"
+
+
+def tolerance_for(runs: list[dict[str, Any]]) -> Tolerance:
+    precision = runs[0]["precision"]
+    if len(runs) < 2:
+        return DEFAULT_TOLERANCE[precision]
+    spreads = [tolerance_from_repeats(runs[0], other, precision) for other in runs[1:]]
+    return Tolerance(*(max(getattr(t, f) for t in spreads) for f in Tolerance.__dataclass_fields__))
+
+
+def numerics_note(params: dict[str, Any], baseline_params: dict[str, Any], verdict: dict[str, Any] | None) -> str | None:
+    """A config's knobs that change the order of floating-point reductions, with its measured differences."""
+    changed = sorted(k for k in params if k.startswith(REDUCTION_ORDER_KNOBS) and params[k] != baseline_params.get(k))
+    if not changed or not verdict:
+        return None
+    return (f"numerics risk: {', '.join(changed)} change the order of floating-point reductions; measured vs the "
+            f"baseline: loss {verdict['max_loss_rel_diff']:.1e}, grad norm {verdict['max_grad_norm_rel_diff']:.1e}, "
+            f"parameters {verdict['max_fingerprint_rel_diff']:.1e} (relative; tolerances "
+            f"{verdict['tolerance']['loss_rel']:.0e} / {verdict['tolerance']['grad_norm_rel']:.0e} / "
+            f"{verdict['tolerance']['param_rel']:.0e})")

@@ -10,6 +10,7 @@ import time
 from typing import Any, TextIO
 
 from orchestrator import ledger as L
+from orchestrator import parity
 from orchestrator.prefilter import prefilter_summary, prefilter_summary_text
 from orchestrator.target import Target
 
@@ -104,6 +105,7 @@ def summarize(records: list[dict], target: Target, repeats: int) -> dict[str, An
         "overhead": L.overhead_stats(rows), "pruning": L.pruning_stats(rows),
         "trials_wall_s": sum(r["wall_s"] or 0.0 for r in records),
         "prefilter": prefilter_summary(records),
+        "numerics": parity.numerics_note(best["params"], base["params"], best["parity"]) if best and base else None,
     }
 
 
@@ -125,6 +127,8 @@ def summary_text(s: dict[str, Any]) -> str:
         d = s["distance_to_target_s"]
         out.append(f"target not met: best is {secs(abs(d), pred)} ({abs(d) / s['target_s']:.1%}) "
                    f"{'above' if d > 0 else 'below (not confirmed)'} it")
+    if s.get("numerics"):
+        out.append(s["numerics"])
     if s.get("prefilter", {}).get("skipped"):
         out.append(prefilter_summary_text(s["prefilter"]))
     o = s["overhead"]

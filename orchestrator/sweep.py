@@ -66,6 +66,9 @@ class Sweep:
         self.tracker, self.parent = self._open_tracker()
         self.queue: list[Job] = []
         self.reference: dict | None = None
+        self.tolerance: parity.Tolerance | None = None
+        self.refs = parity.ReferenceStore(cfg.results_dir.parent / "parity_refs")
+        """Baseline references by maths key, shared by every sweep under the same results directory."""
         self.stop_reason: str | None = None
         self.bookkeeping: list[float] = []
         """Driver seconds per finished trial after its ledger line (Optuna, MLflow): not in any trial's wall."""
@@ -137,7 +140,7 @@ class Sweep:
         if base and base["status"] == "ok" and base.get("result"):
             from trainer.result import Result
 
-            self.reference = parity.reference_from_result(Result.from_dict(base["result"]))
+            self._use_reference(Result.from_dict(base["result"]), store=False)
         pending = L.unconfirmed(self.records, self.cfg.confirm.repeats)
         if pending and self.cfg.backend == "ray":
             config = self.configs.load(pending["config"])
@@ -257,7 +260,22 @@ class Sweep:
                 return
         outcome = yield job.config
         job.runs.append(outcome)
+        if job.kind == "baseline" and outcome.status == "ok" and self._needs_repeat(outcome.result):
+            # bf16/GPU: the baseline's own run-to-run spread sets the parity tolerance, so measure it twice.
+            repeat = yield job.config
+            job.runs.append(repeat)
+            if repeat.status == "ok":
+                self.refs.add(parity.reference_from_result(repeat.result))
         self._finish(job, outcome)
+
+    def _needs_repeat(self, result: Any) -> bool:
+        return parity.needs_repeat(result.config) and not self.refs.runs(parity.maths_key(result.config))
+
+    def _use_reference(self, result: Any, store: bool) -> None:
+        """The parity reference: the first stored baseline run of these maths; tolerance from all of them."""
+        ref = parity.reference_from_result(result)
+        runs = self.refs.add(ref) if store else (self.refs.runs(ref["maths_key"]) or [ref])
+        self.reference, self.tolerance = runs[0], parity.tolerance_for(runs)
 
     def _confirm_job(self, number: int, params: dict, config: Any) -> Job:
         job = Job("confirm", number, params, config)
@@ -281,11 +299,15 @@ class Sweep:
         metrics = backends.metrics_of(outcome)
         if status == "ok" and outcome.result is not None:
             if job.kind == "baseline":
-                self.reference = parity.reference_from_result(outcome.result)
-            verdict = _verdict(self.reference, outcome.result)
+                self._use_reference(outcome.result, store=True)
+            verdict = _verdict(self.reference, outcome.result, self.tolerance)
             if verdict is not None and not verdict["passed"]:
                 status, reason = "infeasible", (f"parity: {verdict['first_fail_metric']} differs from the baseline "
                                                 f"at step {verdict['first_fail_step']}")
+                if job.kind == "baseline":
+                    reason += (f": this baseline does not reproduce the stored reference of the same maths "
+                               f"({self.refs.root / self.reference['maths_key']}.json); if the software or hardware "
+                               f"changed on purpose, delete that file")
         budget = self.cfg.resources.memory_budget_gb
         if status == "ok" and budget and (metrics.get("peak_memory_bytes") or 0) > budget * 2**30:
             peak = metrics["peak_memory_bytes"] / 2**30
@@ -377,6 +399,8 @@ class Sweep:
 
 
 def _probe_info(job: Job, status: str) -> dict:
+    if job.kind != "trial":
+        return {}
     probe = job.runs[0] if len(job.runs) == 2 or status == "pruned" else None
     if probe is None or probe.result is None:
         return {}
@@ -385,10 +409,10 @@ def _probe_info(job: Job, status: str) -> dict:
                       "skipped_steps": job.config.run.steps - n if status == "pruned" else 0}}
 
 
-def _verdict(reference: dict | None, result: Any) -> dict | None:
+def _verdict(reference: dict | None, result: Any, tolerance: parity.Tolerance | None = None) -> dict | None:
     if reference is None:
         return None
-    verdict = parity.compare(reference, result)
+    verdict = parity.compare(reference, result, tolerance=tolerance)
     if parity.maths_key(result.config) != reference["maths_key"]:
         verdict.update(passed=False, first_fail_step=0, first_fail_metric="maths settings")
     return verdict

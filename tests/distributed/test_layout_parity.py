@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.parity import compare, reference_from_result
 from tests.distributed._common import cfg, rel_diff
 from trainer.launch import spawn_many
 from trainer.result import Result
@@ -61,6 +62,8 @@ def _check(name: str, result, ref: Result) -> None:
     for pname, (norm, total) in ref.fingerprint.items():
         assert rel_diff(result.fingerprint[pname][0], norm) <= 1e-5, f"{name}: {pname} norm"
     assert result.steps[-1].loss < result.steps[0].loss
+    verdict = compare(reference_from_result(ref), result)  # the sweep's parity gate agrees
+    assert verdict["passed"], (name, verdict)
 
 
 @pytest.mark.timeout(240)

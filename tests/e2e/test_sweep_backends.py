@@ -120,3 +120,31 @@ def test_prefilter_skips_configs_predicted_over_the_memory_budget(ray_address, s
     assert summary["prefilter"]["skipped"] == len(skipped)
     study = optuna.load_study(study_name=cfg.name, storage=cfg.optuna_url)
     assert study.trials[skipped[0]["trial"]].constraints["memory"] > 0
+
+
+@pytest.mark.timeout(240)
+def test_bf16_baseline_runs_twice_and_the_reference_is_reused_by_the_next_sweep(ray_address, sweep_file):
+    import json
+
+    from orchestrator.parity import DEFAULT_TOLERANCE, maths_key
+
+    path = sweep_file(search={"n_trials": 2})
+    over = ["trainer.run.precision=bf16", "pruning.enabled=false"]
+    cfg = load_sweep(path, over)
+    summary, lines = run_sweep(cfg)
+    base = lines[0]
+    assert base["kind"] == "baseline" and base["status"] == "ok" and base["parity"]["passed"]
+    key = maths_key(base["config"])
+    store = cfg.results_dir.parent / "parity_refs" / f"{key}.json"
+    runs = json.loads(store.read_text())["runs"]
+    assert len(runs) == 2 and all(r["precision"] == "bf16" for r in runs)  # the baseline and its repeat
+    assert base["parity"]["tolerance"]["loss_rel"] >= DEFAULT_TOLERANCE["bf16"].loss_rel
+    # Another sweep with the same maths (different name) compares against the stored reference.
+    again = load_sweep(path, over + ["name=t2"])
+    _, lines2 = run_sweep(again)
+    assert lines2[0]["parity"]["passed"] and len(json.loads(store.read_text())["runs"]) == 3
+    # Different maths: a new key, never the old reference.
+    fp32 = load_sweep(path, ["name=t3", "pruning.enabled=false"])
+    _, lines3 = run_sweep(fp32)
+    assert maths_key(lines3[0]["config"]) != key
+    assert len(json.loads((store.parent / f"{maths_key(lines3[0]['config'])}.json").read_text())["runs"]) == 1

@@ -78,3 +78,31 @@ def test_bf16_tolerance_widens_with_run_to_run_spread():
     assert tol.loss_rel == pytest.approx(10 * 1e-4, rel=1e-3)
     same = tolerance_from_repeats(a, a, "bf16")
     assert same == DEFAULT_TOLERANCE["bf16"]
+
+
+def test_reference_store_keeps_runs_by_maths_key(tmp_path):
+    from orchestrator.parity import ReferenceStore, needs_repeat, tolerance_for
+
+    store = ReferenceStore(tmp_path / "refs")
+    a = reference_from_result(make_result([5.0, 4.0]))
+    assert store.runs(a["maths_key"]) == []
+    assert store.add(a) == [a]
+    other = reference_from_result(make_result([5.0, 4.0], **{"optim.lr": 1e-4}))
+    assert other["maths_key"] != a["maths_key"] and store.runs(other["maths_key"]) == []
+    b = reference_from_result(make_result([5.0, 4.0 * (1 + 2e-4)]))
+    assert store.add(b) == [a, b]
+    assert tolerance_for([a]) == DEFAULT_TOLERANCE["fp32"]
+    assert tolerance_for([a, b]).loss_rel == pytest.approx(2e-3, rel=1e-3)
+    assert not needs_repeat(TrainConfig().to_dict())
+    assert needs_repeat(apply_overrides(TrainConfig().to_dict(), {"run.precision": "bf16"}))
+
+
+def test_numerics_note_names_reduction_order_knobs_with_measured_differences():
+    from orchestrator.parity import numerics_note
+
+    ref = reference_from_result(make_result([5.0, 4.9]))
+    verdict = compare(ref, make_result([5.0, 4.9 * (1 + 1e-7)]))
+    note = numerics_note({"batch.micro_batch_size": 4, "recompute.kind": "none"},
+                         {"batch.micro_batch_size": 1, "recompute.kind": "none"}, verdict)
+    assert "batch.micro_batch_size" in note and "recompute" not in note and "loss 1.0e-07" in note
+    assert numerics_note({"recompute.kind": "full"}, {"recompute.kind": "none"}, verdict) is None
