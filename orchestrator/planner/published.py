@@ -11,8 +11,9 @@ Sources and what is taken from each (figures not stated there are assumptions, m
   (GPT-3 175B on 1,024 GPUs, batch 1,536, 140 TFLOP/s per GPU; 1T on 3,072 GPUs, 163 TFLOP/s, 52% of
   peak). Throughput there is eq. 3's FLOPs, 96 B s l h^2 (1 + s/6h + V/(16 l h)), per second per GPU.
   Microbatch size 1, the virtual-stage counts and TP8 x PP8 for GPT-3 on 1,024 GPUs are ASSUMPTIONS (not
-  listed there); the Table 1 rows other than 175B-on-1,024 and 1T are quoted from the paper's table (an
-  image in the arXiv HTML, so transcribed, not machine-checked).
+  listed there); the Table 1 rows other than 175B-on-1,024 and 1T are transcribed from the paper's table (an
+  image in the arXiv HTML); the 18.4B, 145.6B, 530B and 1T rows were cross-checked against a third-party
+  transcription of Table 1 (same GPU counts and TFLOP/s), the 39.1B, 76.1B and 310.1B rows were not.
 * Smith et al. 2022, "Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B": 280 DGX A100
   nodes, TP8 x PP35 x DP8, batch 1,920, 60.1 s per iteration (126 TFLOP/s per GPU). Non-interleaved 1F1B,
   full recomputation and ZeRO-1 sharding are ASSUMPTIONS about DeepSpeed's configuration.
