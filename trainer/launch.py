@@ -18,7 +18,7 @@ from typing import Callable
 import torch.multiprocessing as mp
 
 from trainer.config import TrainConfig
-from trainer.result import RankResult, Result, _rank_from_dict
+from trainer.result import Result, _rank_from_dict
 
 
 class RankFailed(RuntimeError):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .knobs import Consts, Knobs, chunk_layers, recomputed_layers, stage_params, state_bytes
+from .knobs import Consts, Knobs, recomputed_layers, stage_params, state_bytes
 
 TP_OPS_FWD = 4
 """All-gather/reduce-scatter-sized collectives per layer forward (2 all-reduces = 4 of them)."""
