@@ -260,7 +260,8 @@ class Sweep:
                 return
         outcome = yield job.config
         job.runs.append(outcome)
-        if job.kind == "baseline" and outcome.status == "ok" and self._needs_repeat(outcome.result):
+        if job.kind == "baseline" and outcome.status == "ok" and outcome.result is not None \
+                and self._needs_repeat(outcome.result):
             # bf16/GPU: the baseline's own run-to-run spread sets the parity tolerance, so measure it twice.
             repeat = yield job.config
             job.runs.append(repeat)
