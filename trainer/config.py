@@ -152,7 +152,8 @@ class FsdpDP:
 @dataclass(frozen=True)
 class TorchDDP:
     """torch's DistributedDataParallel; only without a pipeline (under pipeline schedules it fails or
-    silently diverges replicas on torch 2.13, measured, so such a config is refused)."""
+    silently diverges replicas on torch 2.13, as measured when the trainer was specified, so such a config
+    is refused)."""
     kind: ClassVar[str] = "torch_ddp"
     bucket_mb: float = 25.0
     """DDP's bucket_cap_mb."""
