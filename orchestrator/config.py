@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 from orchestrator.space import Space, enumerate_space, parse_space
 from orchestrator.target import Target, parse_target
+from trainer.mapping import build
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SWEEP = REPO_ROOT / "search_spaces" / "default.yaml"
@@ -183,7 +184,7 @@ def from_dict(data: dict[str, Any], source: Path | None = None) -> SweepConfig:
         data["trainer"] = _merge(from_file, data.get("trainer") or {})
     space = parse_space(data.pop("space", None))
     target = parse_target(data.pop("target", None))
-    cfg = _build(SweepConfig, data, "")
+    cfg = build(SweepConfig, data, suggest=_suggestion, skip=("source", "raw", "space", "target"))
     cfg = dataclasses.replace(cfg, space=space, target=target, source=str(source) if source else None, raw=raw,
                               baseline=flatten(cfg.baseline))  # nested or dotted keys both accepted
     _check_fields(cfg)
@@ -262,39 +263,6 @@ def _show(params: dict[str, Any]) -> str:
 
 
 # ---- mapping -> dataclasses, with dotted paths in every error --------------------------------
-
-def _build(cls: type, data: Any, path: str) -> Any:
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path or 'sweep'}: expected a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in ("source", "raw", "space", "target")}
-    for key, value in data.items():
-        if key not in fields:
-            dotted = f"{path}.{key}" if path else str(key)
-            children = [f"{dotted}.{k}" for k in value] if isinstance(value, dict) else []
-            hint = next((h for h in map(_suggestion, [dotted, *children]) if h), "")
-            raise ValueError(f"unknown field {dotted}{hint}; allowed here: {sorted(fields)}")
-    return cls(**{k: _coerce(hints[k], v, f"{path}.{k}" if path else k) for k, v in data.items()})
-
-
-def _coerce(tp: Any, value: Any, path: str) -> Any:
-    if typing.get_origin(tp) is typing.Union:
-        if value is None:
-            return None
-        (tp,) = [a for a in typing.get_args(tp) if a is not type(None)]
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, path)
-    expected = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
-                dict: "a mapping", list: "a list"}[tp]
-    ok = isinstance(value, tp) and not (tp in (int, float) and isinstance(value, bool))
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        ok, value = True, float(value)
-    if not ok:
-        raise ValueError(f"{path}: expected {expected}, got {value!r}")
-    return value
-
 
 def _all_paths(cls: type = SweepConfig, prefix: str = "") -> list[str]:
     out = []

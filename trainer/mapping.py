@@ -7,68 +7,80 @@ Generic over dataclasses: a field typed as a Union of dataclasses is chosen by t
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
-from typing import Any, Union
-
-def _union_members(tp: Any) -> tuple[type, ...] | None:
-    if typing.get_origin(tp) is Union:
-        members = tuple(a for a in typing.get_args(tp) if dataclasses.is_dataclass(a))
-        return members or None
-    return None
+from typing import Any, Callable, Union
 
 
-def build(cls: type, data: Any, path: str) -> Any:
+def build(cls: type, data: Any, path: str = "", *, suggest: Callable[[str], str] | None = None,
+          skip: tuple[str, ...] = ()) -> Any:
+    """``cls(**data)`` with every field coerced and checked; errors name the dotted path.
+
+    ``suggest`` turns an unknown dotted key into a hint (" (did you mean x.y?)"); ``skip`` names fields the
+    caller fills itself.
+    """
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
         raise ValueError(f"{path or 'config'}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known - {"kind"})
-    if unknown:
-        where = f"{path}." if path else ""
-        raise ValueError(f"unknown field(s) {', '.join(where + u for u in unknown)}; allowed: {sorted(known)}")
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            kwargs[f.name] = _coerce(hints[f.name], data[f.name], f"{path}.{f.name}" if path else f.name)
-    return cls(**kwargs)
+    fields = [f for f in dataclasses.fields(cls) if f.name not in skip]
+    known = {f.name for f in fields}
+    tagged = isinstance(getattr(cls, "kind", None), str) and "kind" not in known  # a kind-union member
+    for key, value in data.items():
+        if key in known or (tagged and key == "kind"):
+            continue
+        dotted = f"{path}.{key}" if path else str(key)
+        if suggest is not None:
+            children = [f"{dotted}.{k}" for k in value] if isinstance(value, dict) else []
+            hint = next((h for h in map(suggest, [dotted, *children]) if h), "")
+        else:
+            close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.75)
+            hint = f" (did you mean {path + '.' if path else ''}{close[0]}?)" if close else ""
+        raise ValueError(f"unknown field {dotted}{hint}; allowed here: {sorted(known)}")
+    return cls(**{f.name: _coerce(hints[f.name], data[f.name], f"{path}.{f.name}" if path else f.name, suggest)
+                  for f in fields if f.name in data})
 
 
-def _coerce(tp: Any, value: Any, path: str) -> Any:
-    members = _union_members(tp)
-    if members:
-        if isinstance(value, str):
-            value = {"kind": value}
-        if not isinstance(value, dict) or "kind" not in value:
-            kinds = [m.kind for m in members]
-            raise ValueError(f"{path}: give a mapping with kind: one of {kinds}")
-        by_kind = {m.kind: m for m in members}
-        if value["kind"] not in by_kind:
-            raise ValueError(f"{path}.kind={value['kind']!r} must be one of {sorted(by_kind)}")
-        return build(by_kind[value["kind"]], value, path)
+_EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a mapping",
+             list: "a list"}
+
+
+def _coerce(tp: Any, value: Any, path: str, suggest: Callable[[str], str] | None) -> Any:
+    if typing.get_origin(tp) is Union:
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        members = [a for a in args if a is not type(None)]
+        if len(members) > 1:
+            return _pick_kind(members, value, path, suggest)
+        tp = members[0]
     if dataclasses.is_dataclass(tp):
-        return build(tp, value, path)
+        return build(tp, value, path, suggest=suggest)
     if typing.get_origin(tp) is tuple:
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{path}: expected a list, got {value!r}")
         (item,) = typing.get_args(tp)[:1]
-        return tuple(_coerce(item, v, f"{path}[{i}]") for i, v in enumerate(value))
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ValueError(f"{path}: expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{path}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{path}: expected a number, got {value!r}")
+        return tuple(_coerce(item, v, f"{path}[{i}]", suggest) for i, v in enumerate(value))
+    if tp not in _EXPECTED:
+        raise TypeError(f"{path}: unsupported field type {tp}")
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ValueError(f"{path}: expected a string, got {value!r}")
-        return value
-    raise TypeError(f"{path}: unsupported field type {tp}")
+    if not isinstance(value, tp) or (tp in (int, float) and isinstance(value, bool)):
+        raise ValueError(f"{path}: expected {_EXPECTED[tp]}, got {value!r}")
+    return value
+
+
+def _pick_kind(members: list[type], value: Any, path: str, suggest: Callable[[str], str] | None) -> Any:
+    """Mutually exclusive options: the member whose ``kind`` the mapping names (a bare string is the kind)."""
+    by_kind = {m.kind: m for m in members}
+    if isinstance(value, str):
+        value = {"kind": value}
+    if not isinstance(value, dict) or "kind" not in value:
+        raise ValueError(f"{path}: give a mapping with kind: one of {sorted(by_kind)}")
+    if value["kind"] not in by_kind:
+        raise ValueError(f"{path}.kind={value['kind']!r} must be one of {sorted(by_kind)}")
+    return build(by_kind[value["kind"]], value, path, suggest=suggest)
 
 
 def dump(obj: Any) -> Any:

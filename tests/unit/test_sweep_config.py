@@ -50,7 +50,7 @@ BAD = [
     ({}, ["target.speed=2"], "unknown field(s) target.speed"),
     ({"target": {"step_time_s": 1, "relative_to_baseline": 0.5}}, [], "target: give exactly one"),
     ({"trainer_config": "missing.yaml"}, [], "trainer_config:"),
-    ({"trainer": {"model": {"n_layer": 4}}}, [], "unknown field(s) model.n_layer"),
+    ({"trainer": {"model": {"n_layer": 4}}}, [], "unknown field model.n_layer (did you mean model.n_layers?)"),
     ({"baseline": {"parallel.pp": 3}}, [], "parallel.pp=3 does not divide resources.world_size=2"),
     ({"baseline": {"parallel.pp": 2, "parallel.dp": 2}}, [], "leave parallel.dp out, it is derived"),
     ({"baseline": {"batch.micro_batch_size": 3}}, [], "batch.global_batch=8 is not divisible"),
