@@ -106,7 +106,32 @@ def summarize(records: list[dict], target: Target, repeats: int) -> dict[str, An
         "trials_wall_s": sum(r["wall_s"] or 0.0 for r in records),
         "prefilter": prefilter_summary(records),
         "numerics": parity.numerics_note(best["params"], base["params"], best["parity"]) if best and base else None,
+        "breakdowns": _breakdowns(records, target_s) if rows and rows[0]["backend"] == "model" else [],
     }
+
+
+BREAKDOWN = (("forward", "forward_s"), ("backward", "backward_s"), ("recompute", "recompute_s"),
+             ("exposed dp comm", "dp_exposed_s"), ("pp bubble", "pp_bubble_s"), ("pp p2p", "pp_p2p_s"),
+             ("tp comm", "tp_comm_s"), ("optimizer", "optimizer_s"))
+
+
+def _breakdowns(records: list[dict], target_s: float | None) -> list[str]:
+    """Model backend: where the predicted time goes, for the baseline, the best and every config under target."""
+    picked = [r for r in records if r["status"] == "ok" and r.get("prediction")
+              and (r["kind"] == "baseline" or r is L.best_of(records)
+                   or (target_s is not None and r["metrics"]["step_time_s"] <= target_s))]
+    picked.sort(key=lambda r: r["metrics"]["step_time_s"])
+    base = [r for r in picked if r["kind"] == "baseline"]
+    shown = picked[:10] + [r for r in base if r not in picked[:10]]
+    out = []
+    for r in shown:
+        p = r["prediction"]
+        parts = ", ".join(f"{name} {p[key]:.2f}" for name, key in BREAKDOWN if (p.get(key) or 0) >= 0.005)
+        out.append(f"  trial {r['trial']} ({r['kind']}): ~{p['step_time_s']:.2f} s = {parts} s; peak "
+                   f"{p['peak_memory_bytes'] / 1e9:.0f} GB/GPU [{short_params(r['params'])}]")
+    if len(picked) > len(shown):
+        out.append(f"  ... and {len(picked) - len(shown)} more under the target (all in the ledger and MLflow)")
+    return out
 
 
 def summary_text(s: dict[str, Any]) -> str:
@@ -129,6 +154,9 @@ def summary_text(s: dict[str, Any]) -> str:
                    f"{'above' if d > 0 else 'below (not confirmed)'} it")
     if s.get("numerics"):
         out.append(s["numerics"])
+    if s.get("breakdowns"):
+        out.append("predicted breakdown (critical path; the parts overlap where the planner says so):")
+        out.extend(s["breakdowns"])
     if s.get("prefilter", {}).get("skipped"):
         out.append(prefilter_summary_text(s["prefilter"]))
     o = s["overhead"]

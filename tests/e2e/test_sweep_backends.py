@@ -28,6 +28,9 @@ def test_model_backend_runs_the_500b_preset_through_the_same_loop(tmp_path):
             assert r["prediction"]["step_time_s"] == r["metrics"]["step_time_s"] > 0
         assert r["overhead_s"] is None  # nothing was measured, so there is no overhead to claim
     assert summary["stopped_because"] == "the trial budget is spent"  # predictions are cheap: the whole budget
+    # The summary says where each reported config's predicted time goes (baseline: ~8 s compute + ~4 s comm).
+    (base_line,) = [b for b in summary["breakdowns"] if "(baseline)" in b]
+    assert "exposed dp comm 4.0" in base_line and "forward" in base_line and "pp bubble" in base_line
     assert round(summary["target_s"], 2) == 9.30
     study = optuna.load_study(study_name=cfg.name, storage=cfg.optuna_url)
     oom = [t for t in study.trials if t.user_attrs["status"] == "oom"]
