@@ -54,8 +54,8 @@ class RankResult:
     spans: list[Span]
     memory: dict[str, int]
     fingerprint: dict[str, list[float]]
-    """Canonical parameter name -> [L2 norm, sum] of the final parameters this rank holds (full tensors,
-    or the rank's shard contribution: merge sums shard sums and squares)."""
+    """Canonical parameter name -> [sum of squares, sum, is_shard] of the final parameters this rank holds
+    (whole tensors, or its FSDP shard); ``merge_fingerprints`` folds them into [L2 norm, sum] per name."""
     replica_max_abs_diff: float
     """Largest |difference| of a parameter element between this rank's dp group members at the end."""
     peak_flops: float | None
@@ -179,6 +179,5 @@ def merge_fingerprints(ranks: list[RankResult]) -> dict[str, list[float]]:
 
 
 def _parts(r: RankResult):
-    for name, vals in r.fingerprint.items():
-        # Stored as [sum of squares, sum, is_shard] on the rank; merged into [norm, sum].
-        yield name, (vals[0], vals[1], bool(vals[2]))
+    for name, (sumsq, total, is_shard) in r.fingerprint.items():
+        yield name, (sumsq, total, bool(is_shard))

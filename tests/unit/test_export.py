@@ -108,15 +108,19 @@ TABLE = [
 ]
 
 
-@pytest.mark.parametrize("overrides,present,absent,note_parts", TABLE)
-def test_megatron_flags(overrides, present, absent, note_parts):
-    args, notes = megatron_args(_cfg(**overrides))
+def check_flags(args, notes, present, absent, note_parts):
     for name, values in present.items():
         assert flag(args, name) == values, (name, args)
     for name in absent:
         assert name not in args, name
     for part in note_parts:
         assert any(part in n for n in notes), (part, notes)
+
+
+@pytest.mark.parametrize("overrides,present,absent,note_parts", TABLE)
+def test_megatron_flags(overrides, present, absent, note_parts):
+    args, notes = megatron_args(_cfg(**overrides))
+    check_flags(args, notes, present, absent, note_parts)
     assert all(n.split(":")[0].split(" (")[0] in ("not mapped", "differs", "converted") for n in notes), notes
 
 
@@ -340,12 +344,7 @@ def _plan(**overrides) -> dict:
 ])
 def test_megatron_flags_for_a_plan(overrides, present, absent, note_parts):
     args, notes = megatron_args_for_plan(_plan(**overrides))
-    for name, values in present.items():
-        assert flag(args, name) == values, (name, args)
-    for name in absent:
-        assert name not in args, name
-    for part in note_parts:
-        assert any(part in n for n in notes), (part, notes)
+    check_flags(args, notes, present, absent, note_parts)
 
 
 def test_plan_export_is_labelled_predicted(tmp_path):
