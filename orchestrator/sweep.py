@@ -131,8 +131,11 @@ class Sweep:
                 self._tell(optuna.trial.Trial(self.study, ft._trial_id), lines[ft.number])
                 self.say(f"resumed: trial {ft.number} was measured before the driver stopped; told from the ledger")
             else:
+                # A kill can land between ask() and the last suggest (each one a storage write): then only the
+                # params drawn so far are queued again, and the sampler draws the rest when the trial is re-asked.
                 self._requeue(ft.number, ft.params, ft.user_attrs)
-                self.say(f"resumed: trial {ft.number} was interrupted; its params are queued again")
+                self.say(f"resumed: trial {ft.number} was interrupted; its params are queued again"
+                         + ("" if ft.params else " (it was killed before any was drawn)"))
         waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
         if self.baseline_s is None and not any(t.user_attrs.get("kind") == "baseline" for t in waiting):
             self.study.enqueue_trial(self.configs.baseline_params(self.cfg.space), user_attrs={"kind": "baseline"})
