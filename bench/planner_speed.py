@@ -4,7 +4,8 @@
 
 Vectorised: every config of the preset's space (floats at --float-points log-spaced values) through the
 same formulas as ``predict``, in numpy chunks. Scalar: ``apply_params`` + ``predict`` per config, as a
-trial backend calls it.
+trial backend calls it. Prefilter: ``MemoryPrefilter.check`` on trainer configs of the default sweep's model
+(trainer config -> planner config -> memory), as the sweep calls it before each launch.
 """
 
 from __future__ import annotations
@@ -21,6 +22,24 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.planner import apply_params, enumerate_space, plan_config_from_dict, predict  # noqa: E402
+from orchestrator.prefilter import MemoryPrefilter, load_cluster  # noqa: E402
+from trainer.config import TrainConfig, apply_overrides  # noqa: E402
+
+
+def prefilter_timing(n_rounds: int = 200) -> tuple[int, float]:
+    """Calls and seconds of MemoryPrefilter.check over a few layouts of the default sweep's tiny GPT."""
+    cluster, eff = load_cluster(ROOT / "search_spaces/clusters/cpu-local.yaml")
+    pf = MemoryPrefilter(cluster, eff, budget_bytes=1e9)
+    base = yaml.safe_load((ROOT / "examples/tiny.yaml").read_text())
+    layouts = [{"parallel.pp": 2, "batch.micro_batch_size": b} for b in (1, 2, 4)] + [
+        {"parallel.dp": 2, "data_parallel.kind": "replicate"}, {"parallel.pp": 2, "recompute.kind": "full"}]
+    cfgs = [TrainConfig.from_dict(apply_overrides(base, o)) for o in layouts]
+    pf.check(cfgs[0])  # imports and first-call setup are not what a sweep pays per trial
+    t0 = time.perf_counter()
+    for _ in range(n_rounds):
+        for c in cfgs:
+            pf.check(c)
+    return n_rounds * len(cfgs), time.perf_counter() - t0
 
 
 def main() -> None:
@@ -46,13 +65,15 @@ def main() -> None:
     for params in picks:
         predict(apply_params(base, params))
     scalar_s = time.perf_counter() - t0
+    pf_n, pf_s = prefilter_timing()
 
     lines = [
         "# Planner speed", "",
         f"Command: `.venv/bin/python bench/planner_speed.py --float-points {args.float_points}`", "",
         "| path | configs | seconds | configs/s |", "|---|---:|---:|---:|",
         f"| vectorised enumeration of the preset space | {grid.n:,} | {vec_s:.2f} | {grid.n / vec_s:,.0f} |",
-        f"| scalar apply_params + predict | {len(picks):,} | {scalar_s:.2f} | {len(picks) / scalar_s:,.0f} |", "",
+        f"| scalar apply_params + predict | {len(picks):,} | {scalar_s:.2f} | {len(picks) / scalar_s:,.0f} |",
+        f"| memory prefilter check (trainer config in) | {pf_n:,} | {pf_s:.2f} | {pf_n / pf_s:,.0f} |", "",
         f"Valid configs: {int(grid.valid.sum()):,}; valid and fitting in memory: {int(np.isfinite(feasible).sum()):,}; "
         f"predicted <= 9.30 s: {int((feasible <= 9.30).sum()):,}.", "",
         f"True optimum (of the enumerated grid): {grid.step_time_s[best]:.3f} s/update, "

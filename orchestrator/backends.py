@@ -16,6 +16,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 from orchestrator.space import Space, params_for, suggest
@@ -32,6 +33,22 @@ class RunOutcome:
     wall_s: float = 0.0
     work_s: float = 0.0
     """Seconds of training updates inside wall_s (what is not overhead)."""
+    traces: dict[str, bytes] | None = None
+    """File name -> gzipped torch.profiler trace, per rank, when the config set run.profile_step."""
+
+    def save_traces(self, directory: Path) -> list[str]:
+        """Write the traces under ``directory``, point the result's ranks at them; the paths written."""
+        if not self.traces:
+            return []
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, data in self.traces.items():
+            (directory / name).write_bytes(data)
+        if self.result is not None:
+            from trainer.profile import trace_name
+
+            for r in self.result.ranks:
+                r.trace_file = str(directory / trace_name(r.rank)) if trace_name(r.rank) in self.traces else None
+        return [str(directory / name) for name in sorted(self.traces)]
 
 
 def metrics_of(outcome: RunOutcome) -> dict[str, Any]:
@@ -262,7 +279,7 @@ def _outcome(cfg: Any, run: Any) -> RunOutcome:
         if bad:
             return RunOutcome("nan", f"non-finite loss or gradient norm at step {bad[0]}", result, wall_s=run.wall_s,
                               work_s=work)
-        return RunOutcome("ok", None, result, wall_s=run.wall_s, work_s=work)
+        return RunOutcome("ok", None, result, wall_s=run.wall_s, work_s=work, traces=_traces(result, run.traces))
     if run.kind == "timeout":
         return RunOutcome("timeout", f"{run.error}; the worker group was killed and is rebuilt", wall_s=run.wall_s)
     cause = getattr(run.error, "cause", None) or run.error
@@ -276,6 +293,13 @@ def _outcome(cfg: Any, run: Any) -> RunOutcome:
         first = str(cause).strip().split(". ")[0][:200]
         return RunOutcome("failed", f"lost a rank: {first} ({notes})", wall_s=run.wall_s)
     return RunOutcome("failed", text, wall_s=run.wall_s)
+
+
+def _traces(result: Any, traces: list[bytes | None] | None) -> dict[str, bytes] | None:
+    from trainer.profile import trace_name
+
+    named = {trace_name(r.rank): t for r, t in zip(result.ranks, traces or []) if t}
+    return named or None
 
 
 def _last_line(e: BaseException) -> str:

@@ -22,7 +22,7 @@ from trainer.config import FsdpDP, ReplicateDP, SyntheticData, TokenFileData, To
 # gradients in fp32 too (--accumulate-allreduce-grads-in-fp32), so a bucket of B bytes holds B / 4 of them.
 GRAD_BYTES = 4
 RECOMPUTE_MODULES = {"core_attn": "core_attn", "mlp": "mlp", "norm": "layernorm"}
-MEASUREMENT_ONLY = ("run.warmup_steps", "run.timeline_steps", "run.threads_per_rank")
+MEASUREMENT_ONLY = ("run.warmup_steps", "run.timeline_steps", "run.threads_per_rank", "run.profile_step")
 
 
 def megatron_args(cfg: TrainConfig) -> tuple[list[str], list[str]]:
@@ -216,9 +216,12 @@ def _run(cfg: TrainConfig, add, notes: list[str]) -> None:
     if r.device == "cpu":
         notes.append("not mapped: run.device=cpu (Megatron-LM trains on CUDA GPUs)")
     values = {"run.warmup_steps": r.warmup_steps, "run.timeline_steps": r.timeline_steps,
-              "run.threads_per_rank": r.threads_per_rank}
+              "run.threads_per_rank": r.threads_per_rank, "run.profile_step": r.profile_step}
     notes.append("not mapped (measurement only, no effect on training): "
                  + ", ".join(f"{k}={values[k]}" for k in MEASUREMENT_ONLY))
+    if r.profile_step is not None:
+        notes.append("to trace production too: Megatron's --profile --profile-step-start N --profile-step-end N+1 "
+                     "(with --use-pytorch-profiler) records a torch.profiler trace like run.profile_step")
 
 
 # ---- cost-model (planner) configs: the production-scale plan, e.g. search_spaces/preset-500b.yaml ----

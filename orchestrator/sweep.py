@@ -329,6 +329,9 @@ class Sweep:
         meets = status == "ok" and target is not None and metrics.get("step_time_s", float("inf")) <= target
         runs = [r for r in job.runs if r is not None]
         wall = sum(r.wall_s for r in runs)
+        run_name = f"trial{job.number}" + ("" if job.kind == "trial" else f"_{job.kind}{extra.get('repeat', '')}")
+        if traces := outcome.save_traces(self.cfg.results_dir / "traces" / run_name):
+            extra["artifacts"] = traces  # tracking logs them under the child run's traces/
         line = L.record(
             sweep=self.cfg.name, trial=job.number, kind=job.kind, backend=self.cfg.backend, params=job.params,
             config=self.configs.to_dict(job.config) if job.config is not None else {}, status=status, reason=reason,

@@ -293,10 +293,11 @@ def _write_trial_artifacts(out: Path, record: dict[str, Any]) -> None:
             render_timeline(result, out / "timeline.png")
         except Exception as exc:  # a picture must never cost the trial its run; say why it is missing
             (out / "timeline_error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
-    for extra in record.get("artifacts") or []:  # e.g. a torch.profiler trace the trial wrote
+    for extra in record.get("artifacts") or []:  # the run.profile_step traces the trial's ranks wrote
         p = Path(extra)
         if p.is_file():
-            (out / p.name).write_bytes(p.read_bytes())
+            (out / "traces").mkdir(exist_ok=True)
+            (out / "traces" / p.name).write_bytes(p.read_bytes())
 
 
 def _point(run) -> dict[str, Any]:

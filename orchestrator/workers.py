@@ -94,11 +94,15 @@ class RankWorker:
         init_world(device, timeout_s)
         return os.getpid()
 
-    def run(self, cfg: dict[str, Any]) -> RankResult:
+    def run(self, cfg: dict[str, Any]) -> tuple[RankResult, bytes | None]:
+        """This rank's result, and its run.profile_step trace (gzipped bytes): the driver may be on another node."""
         from trainer.config import TrainConfig
         from trainer.run import run
 
-        return run(TrainConfig.from_dict(cfg))
+        with tempfile.TemporaryDirectory(prefix="steptune-trace-") as tmp:
+            result = run(TrainConfig.from_dict(cfg), trace_dir=tmp)
+            trace = Path(result.trace_file).read_bytes() if result.trace_file else None
+        return result, trace
 
 
 @dataclass
@@ -110,6 +114,8 @@ class RunDone:
     """ok | raised | lost_rank | timeout"""
     wall_s: float
     """From submission (including any group rebuild) to this outcome."""
+    traces: list[bytes | None] | None = None
+    """Per rank (rank order): the gzipped torch.profiler trace of run.profile_step, if one was asked for."""
 
 
 class WorkerGroup:
@@ -188,9 +194,9 @@ class WorkerGroup:
             except ray.exceptions.RayTaskError as e:
                 return self._fail(e, "raised", self._refs.index(ref))
         if len(ready) == len(self._refs):
-            ranks = ray.get(self._refs)
+            ranks, traces = zip(*ray.get(self._refs))
             self._refs = []
-            return RunDone(ranks, None, "ok", time.perf_counter() - self._submitted)
+            return RunDone(list(ranks), None, "ok", time.perf_counter() - self._submitted, traces=list(traces))
         if time.perf_counter() > self._deadline:
             return self._fail(TimeoutError(f"no result within resources.trial_timeout_s={self._timeout:g} s"),
                               "timeout", None)

@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, help="trainer YAML (examples/tiny.yaml)")
     parser.add_argument("--out", type=Path, default=Path("results/trainer_result.json"), help="result JSON path")
+    parser.add_argument("--trace-dir", type=Path, default=None,
+                        help="where run.profile_step traces go (default: a traces/ folder beside --out)")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. parallel.pp=2")
     args = parser.parse_args(argv)
     try:
@@ -40,13 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    trace_dir = args.trace_dir or args.out.parent / "traces"
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         import torch.distributed as dist
 
         from trainer.run import finalize, init_world, run
 
         init_world(cfg.run.device, cfg.run.timeout_s)
-        mine = run(cfg)
+        mine = run(cfg, trace_dir)  # each rank writes its own trace, on its own node
         gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object(mine, gathered, dst=0)
         dist.destroy_process_group()
@@ -56,11 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from trainer.launch import spawn
 
-        result = spawn(cfg)
+        result = spawn(cfg, trace_dir=trace_dir)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(result.to_json())
     print(_summary_line(result))
     print(f"wrote {args.out}")
+    traces = [r.trace_file for r in result.ranks if r.trace_file]
+    if traces:
+        print(f"wrote {len(traces)} torch.profiler trace(s) of update {cfg.run.profile_step}: "
+              f"{Path(traces[0]).parent} (open in https://ui.perfetto.dev)")
     return 0
 
 

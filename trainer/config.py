@@ -9,7 +9,7 @@ dotted overrides (CLI ``key=value`` pairs, an Optuna trial's params) to a mappin
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, Optional, Union
 
 from trainer import layout
 from trainer.mapping import apply_overrides, build, dump, flatten, parse_dotlist  # noqa: F401 (re-exported)
@@ -245,6 +245,9 @@ class RunConfig:
     """Measured updates whose per-rank phase spans are kept for the timeline picture."""
     timeout_s: float = 300.0
     """Collective timeout: a rank that waits longer raises instead of hanging."""
+    profile_step: Optional[int] = None
+    """A warm-up update to record with torch.profiler (one gzipped Chrome trace per rank); None: no trace.
+    Only a warm-up update: the profiler's overhead must never reach a measured step time."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -255,6 +258,10 @@ class RunConfig:
             raise ValueError(f"run.precision={self.precision!r} must be fp32 or bf16")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"run.device={self.device!r} must be cpu or cuda")
+        if self.profile_step is not None and not 0 <= self.profile_step < self.warmup_steps:
+            raise ValueError(f"run.profile_step={self.profile_step} is not a warm-up update (0 <= step < "
+                             f"run.warmup_steps={self.warmup_steps}): a profiled update is slower and must not be "
+                             f"measured; pick a warm-up step or raise run.warmup_steps")
         if self.threads_per_rank < 1 or self.timeline_steps < 0 or self.timeout_s <= 0:
             raise ValueError("run.threads_per_rank >= 1, run.timeline_steps >= 0 and run.timeout_s > 0 are required")
 

@@ -32,7 +32,7 @@ def free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, cfg_dicts: list[dict], out_dir: str,
-            setup: Callable[[], None] | None) -> None:
+            setup: Callable[[], None] | None, trace_dir: str | None) -> None:
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     from trainer.run import init_world, run
@@ -46,22 +46,28 @@ def _worker(rank: int, world: int, port: int, cfg_dicts: list[dict], out_dir: st
     for i, cfg in enumerate(cfgs):
         path = Path(out_dir) / f"cfg{i}_rank{rank}.json"
         try:
-            path.write_text(json.dumps({"ok": asdict(run(cfg))}))
+            traces = None if trace_dir is None else Path(trace_dir) / (f"cfg{i}" if len(cfgs) > 1 else "")
+            path.write_text(json.dumps({"ok": asdict(run(cfg, traces))}))
         except Exception as exc:  # recorded per config; a broken world fails the following configs too
             path.write_text(json.dumps({"error": f"{type(exc).__name__}: {exc}",
                                         "traceback": traceback.format_exc()}))
     dist.destroy_process_group()
 
 
-def spawn_many(cfgs: list[TrainConfig], setup: Callable[[], None] | None = None) -> list[Result | RankFailed]:
-    """Run each config on one local world of ``cfgs[0].world_size`` processes (all must share it)."""
+def spawn_many(cfgs: list[TrainConfig], setup: Callable[[], None] | None = None,
+               trace_dir: str | Path | None = None) -> list[Result | RankFailed]:
+    """Run each config on one local world of ``cfgs[0].world_size`` processes (all must share it).
+
+    Profiler traces (``run.profile_step``) go to ``trace_dir`` (``cfg<i>/`` per config when there are several).
+    """
     from trainer.run import finalize
 
     world = cfgs[0].world_size
     if any(c.world_size != world for c in cfgs):
         raise ValueError("spawn_many: every config must have the same parallel.pp x parallel.dp")
     with tempfile.TemporaryDirectory(prefix="steptune-") as out:
-        ctx = mp.start_processes(_worker, args=(world, free_port(), [c.to_dict() for c in cfgs], out, setup),
+        ctx = mp.start_processes(_worker, args=(world, free_port(), [c.to_dict() for c in cfgs], out, setup,
+                                                str(trace_dir) if trace_dir is not None else None),
                                  nprocs=world, join=False, start_method="spawn")
         try:
             while not ctx.join():
@@ -81,8 +87,8 @@ def spawn_many(cfgs: list[TrainConfig], setup: Callable[[], None] | None = None)
         return results
 
 
-def spawn(cfg: TrainConfig, setup: Callable[[], None] | None = None) -> Result:
-    (result,) = spawn_many([cfg], setup)
+def spawn(cfg: TrainConfig, setup: Callable[[], None] | None = None, trace_dir: str | Path | None = None) -> Result:
+    (result,) = spawn_many([cfg], setup, trace_dir)
     if isinstance(result, RankFailed):
         raise result
     return result

@@ -60,6 +60,8 @@ class RankResult:
     """Largest |difference| of a parameter element between this rank's dp group members at the end."""
     peak_flops: float | None
     peak_basis: str
+    trace_file: str | None = None
+    """The torch.profiler trace of ``run.profile_step`` this rank wrote (a path on its node), if any."""
 
 
 @dataclass

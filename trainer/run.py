@@ -23,6 +23,7 @@ from trainer.data import open_corpus, replica_batch
 from trainer.measure import (PhaseClock, SavedActivations, model_flops_per_token, peak_flops,
                              process_peak_rss_bytes, recompute_flops_per_token, sync)
 from trainer.parallelize import Groups, Parallelized, parallelize
+from trainer.profile import StepProfiler
 from trainer.result import RankResult, Result, Span, StepRecord, merge
 
 
@@ -66,7 +67,8 @@ def make_groups(pp: int, dp: int, timeout_s: float) -> Groups:
     return Groups(pp_rank, dp_rank, pp_group, dp_group)
 
 
-def run(cfg: TrainConfig) -> RankResult:
+def run(cfg: TrainConfig, trace_dir: str | os.PathLike | None = None) -> RankResult:
+    """Train ``cfg`` as this rank; with ``run.profile_step`` set, its trace goes to ``trace_dir`` (else a temp dir)."""
     owns_world = not dist.is_initialized()
     init_world(cfg.run.device, cfg.run.timeout_s)
     try:
@@ -74,7 +76,7 @@ def run(cfg: TrainConfig) -> RankResult:
         torch.set_num_threads(cfg.run.threads_per_rank)
         groups = make_groups(cfg.parallel.pp, cfg.parallel.dp, cfg.run.timeout_s)
         try:
-            return _train(cfg, groups)
+            return _train(cfg, groups, trace_dir)
         finally:
             for g in {groups.pp_group, groups.dp_group}:
                 if g is not None:
@@ -84,7 +86,7 @@ def run(cfg: TrainConfig) -> RankResult:
             dist.destroy_process_group()
 
 
-def _train(cfg: TrainConfig, groups: Groups) -> RankResult:
+def _train(cfg: TrainConfig, groups: Groups, trace_dir: str | os.PathLike | None) -> RankResult:
     device = device_for(cfg.run.device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -105,6 +107,7 @@ def _train(cfg: TrainConfig, groups: Groups) -> RankResult:
     acts = SavedActivations()
     restore = _instrument(par, clock)
     holds_last = (cfg.n_stages - 1) in par.stage_ids
+    profiler = StepProfiler(cfg.run.profile_step, device, dist.get_rank(), trace_dir)
     # No autocast weight-cast cache: with FSDP2 resharding between microbatches a cached bf16 copy outlives
     # the parameter it was cast from and its gradient is lost (measured: grad norm -10% at step 0).
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.run.precision == "bf16",
@@ -112,42 +115,45 @@ def _train(cfg: TrainConfig, groups: Groups) -> RankResult:
     records, act_peak, reduce_gaps = [], 0, []
     try:
         for step in range(cfg.run.steps):
-            t0 = clock.begin_step(step)
-            x, y = replica_batch(corpus, step, cfg.batch.global_batch, dp, groups.dp_rank, cfg.model.seq_len)
-            x, y = x.to(device), y.to(device)
-            _set_lr(opt, cfg, step)
-            if par.reducer is not None:
-                par.reducer.zero_grad()
-            else:
-                opt.zero_grad(set_to_none=True)
-            acts.reset_peak()
-            with acts.hooks(), autocast:
-                if par.schedule is not None:
-                    replica_loss = _pipeline_step(par, clock, x, y, holds_last)
+            with profiler.around(step):  # a warm-up update only (RunConfig checks): never a measured one
+                t0 = clock.begin_step(step)
+                x, y = replica_batch(corpus, step, cfg.batch.global_batch, dp, groups.dp_rank, cfg.model.seq_len)
+                x, y = x.to(device), y.to(device)
+                _set_lr(opt, cfg, step)
+                if par.reducer is not None:
+                    par.reducer.zero_grad()
                 else:
-                    replica_loss = _accumulation_step(par, cfg, clock, x, y, loss_fn, n_micro, mbs)
-            if par.reducer is not None:
-                with clock.phase("dp_comm_wait"):
-                    buckets = par.reducer.finish()
-                for launch, done in buckets:
-                    clock.add("dp_reduce", launch - t0, done - t0)
-                reduce_gaps.append((step, par.reducer.first_launch - t0 - clock.marks[step]["backward_end"]))
-            with clock.phase("optimizer"):
-                loss, norm = _global_loss_and_norm(par, cfg, groups, replica_loss, holds_last, device)
-                if not (math.isfinite(loss) and math.isfinite(norm)):
-                    raise NonFiniteLoss(f"step {step}: loss={loss} grad_norm={norm}")
-                if cfg.optim.grad_clip and norm > cfg.optim.grad_clip:
-                    scale = cfg.optim.grad_clip / (norm + 1e-6)
-                    for p in params:
-                        if p.grad is not None:
-                            p.grad.mul_(scale)
-                opt.step()
-            sync(device)
-            elapsed = clock.now()
-            if step in measured:
-                act_peak = max(act_peak, acts.peak)
+                    opt.zero_grad(set_to_none=True)
+                acts.reset_peak()
+                with acts.hooks(), autocast:
+                    if par.schedule is not None:
+                        replica_loss = _pipeline_step(par, clock, x, y, holds_last)
+                    else:
+                        replica_loss = _accumulation_step(par, cfg, clock, x, y, loss_fn, n_micro, mbs)
+                if par.reducer is not None:
+                    with clock.phase("dp_comm_wait"):
+                        buckets = par.reducer.finish()
+                    for launch, done in buckets:
+                        clock.add("dp_reduce", launch - t0, done - t0)
+                    reduce_gaps.append((step, par.reducer.first_launch - t0 - clock.marks[step]["backward_end"]))
+                with clock.phase("optimizer"):
+                    loss, norm = _global_loss_and_norm(par, cfg, groups, replica_loss, holds_last, device)
+                    if not (math.isfinite(loss) and math.isfinite(norm)):
+                        raise NonFiniteLoss(f"step {step}: loss={loss} grad_norm={norm}")
+                    if cfg.optim.grad_clip and norm > cfg.optim.grad_clip:
+                        scale = cfg.optim.grad_clip / (norm + 1e-6)
+                        for p in params:
+                            if p.grad is not None:
+                                p.grad.mul_(scale)
+                    opt.step()
+                sync(device)
+                elapsed = clock.now()
+                if step in measured:
+                    act_peak = max(act_peak, acts.peak)
             records.append(StepRecord(step, elapsed, loss, norm, cfg.batch.global_batch * cfg.model.seq_len))
-        return _rank_result(cfg, groups, par, opt, clock, measured, records, act_peak, reduce_gaps, device)
+        result = _rank_result(cfg, groups, par, opt, clock, measured, records, act_peak, reduce_gaps, device)
+        result.trace_file = profiler.trace_file
+        return result
     finally:
         restore()
         if par.reducer is not None:

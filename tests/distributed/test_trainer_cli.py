@@ -37,10 +37,15 @@ def test_runs_under_torchrun(tmp_path):
     out = tmp_path / "r.json"
     torchrun = Path(sys.executable).with_name("torchrun")
     proc = _run([str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "trainer", "--config",
-                 "examples/tiny.yaml", "run.steps=4", "parallel.pp=2", "--out", str(out)], tmp_path)
+                 "examples/tiny.yaml", "run.steps=4", "parallel.pp=2", "run.profile_step=0", "--out", str(out)],
+                tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = Result.from_dict(json.loads(out.read_text()))
     assert sorted(r.rank for r in result.ranks) == [0, 1]
+    # Each rank wrote its own trace (on its own node, under torchrun) into traces/ beside --out.
+    assert sorted(Path(r.trace_file) for r in result.ranks) == [tmp_path / "traces" / f"rank{i}.pt.trace.json.gz"
+                                                                for i in (0, 1)]
+    assert all(Path(r.trace_file).stat().st_size > 1000 for r in result.ranks) and "torch.profiler trace" in proc.stdout
 
 
 def test_bad_override_is_refused_before_launch(tmp_path):

@@ -44,7 +44,8 @@ def rank_pids(title: bytes = b"ray::RankWorker") -> set[int]:
 @pytest.mark.timeout(240)
 def test_sweep_measures_trials_on_a_warm_group_and_reports(ray_address, sweep_file, capsys):
     cfg = load_sweep(sweep_file(pruning={"enabled": True, "after_steps": 2, "slower_than_best": 1.2}),
-                     ["search.n_trials=5", "target.step_time_s=1e-6", "tracking.enabled=true", "trainer.run.steps=8"])
+                     ["search.n_trials=5", "target.step_time_s=1e-6", "tracking.enabled=true", "trainer.run.steps=8",
+                      "trainer.run.profile_step=0"])
     summary, records = run_sweep(cfg)
     lines = Ledger(cfg.results_dir / "trials.jsonl").read()
     assert lines == records and len(lines) == 5
@@ -60,6 +61,11 @@ def test_sweep_measures_trials_on_a_warm_group_and_reports(ray_address, sweep_fi
             assert first["params"] == r["params"] and first["metrics"]["step_time_s"] == r["metrics"]["step_time_s"]
         else:
             assert r["result"]["world_size"] == 2 and r["wall_s"] > 0 and r["overhead_s"] is not None
+            # run.profile_step: each rank's trace came back from its actor and lies beside the ledger.
+            traces = [Path(p) for p in r["artifacts"]]
+            assert [p.name for p in traces] == ["rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"]
+            assert all(p.parent.parent == cfg.results_dir / "traces" and p.stat().st_size > 1000 for p in traces)
+            assert sorted(k["trace_file"] for k in r["result"]["ranks"]) == r["artifacts"]
     study = study_of(cfg)
     states = [t.state for t in study.trials]
     assert len(states) == 5 and set(states) <= {TrialState.COMPLETE, TrialState.PRUNED}
@@ -73,6 +79,9 @@ def test_sweep_measures_trials_on_a_warm_group_and_reports(ray_address, sweep_fi
     client = MlflowClient(cfg.mlflow_uri)
     runs = client.search_runs([client.get_experiment_by_name("steptune").experiment_id])
     assert len(runs) == 6
+    baseline_run = next(x for x in runs if x.data.tags.get("steptune.kind") == "baseline")
+    assert {a.path for a in client.list_artifacts(baseline_run.info.run_id, "traces")} == {
+        "traces/rank0.pt.trace.json.gz", "traces/rank1.pt.trace.json.gz"}
     # The report command prints the same table from the ledger alone.
     from orchestrator.__main__ import main
 

@@ -51,7 +51,8 @@ def test_the_wall_time_budget_stops_new_trials(tmp_path):
                       "tracking.enabled=false"])
     summary, lines = run_sweep(cfg)
     assert summary["stopped_because"] == "the wall-time budget (2 s) is spent"
-    assert 1 < len(lines) < 100000 and summary["sweep_wall_s"] < 10
+    # Stopped rather than ran on (the bound leaves room for a loaded machine).
+    assert 1 < len(lines) < 100000 and summary["sweep_wall_s"] < 30
 
 
 # (each actor's node: ip, free port, its GPU ids) -> the env each rank gets

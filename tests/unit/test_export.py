@@ -162,7 +162,8 @@ CARRIED = {
     "optim.eps": "--adam-eps", "optim.grad_clip": "--clip-grad", "run.steps": "--train-iters",
     "run.warmup_steps": "run.warmup_steps", "run.precision": "run.",  # fp32 is Megatron's default: no flag
     "run.device": "run.device", "run.seed": "--seed", "run.threads_per_rank": "run.threads_per_rank",
-    "run.timeline_steps": "run.timeline_steps", "run.timeout_s": "--distributed-timeout-minutes",
+    "run.timeline_steps": "run.timeline_steps",
+    "run.profile_step": "run.profile_step", "run.timeout_s": "--distributed-timeout-minutes",
 }
 
 

@@ -60,6 +60,8 @@ def test_flatten_names_every_knob():
     ({"run": {"precision": "fp16"}}, "run.precision"),
     ({"run": {"device": "tpu"}}, "run.device"),
     ({"run": {"steps": 3, "warmup_steps": 3}}, "run.warmup_steps"),
+    ({"run": {"steps": 4, "warmup_steps": 2, "profile_step": 2}}, "run.profile_step"),  # a measured update
+    ({"run": {"profile_step": -1}}, "run.profile_step"),
     ({"run": {"steps": "ten"}}, "run.steps"),
     ({"data_parallel": {"kind": "replicate", "overlap_grad_reduce": "yes"}}, "data_parallel.overlap_grad_reduce"),
     ({"data": {"kind": "token_file"}}, "data.path"),
