@@ -32,3 +32,13 @@ def test_two_gpu_layouts_agree_in_fp32():
                        TrainConfig.from_dict({**fp32, "parallel": {"pp": 2}})])
     for x, y in zip(a.steps, b.steps):
         assert abs(x.loss - y.loss) / y.loss < 1e-4
+
+
+def test_profiled_warmup_update_records_cuda_kernels(tmp_path):
+    import gzip
+    import json
+
+    cfg = TrainConfig.from_dict({**SMALL, "run": {**SMALL["run"], "profile_step": 1}})
+    result = spawn(cfg, trace_dir=tmp_path)
+    events = json.loads(gzip.decompress((tmp_path / "rank0.pt.trace.json.gz").read_bytes()))["traceEvents"]
+    assert result.ranks[0].trace_file and any(e.get("cat") == "kernel" for e in events)
