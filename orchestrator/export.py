@@ -15,6 +15,7 @@ config that changes what the model learns is the one mistake this tool exists to
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -131,8 +132,37 @@ def export_trial(ledger_path: Path, trial: int | None, out_dir: Path, force: boo
     args_file = out_dir / "megatron_args.txt"
     args_file.write_text(format_args(args))
     summary = out_dir / "summary.md"
+    if "mlflow_run_id" not in record:
+        record = {**record, "mlflow_run_id": mlflow_run_of(ledger_path, record)}
     summary.write_text(summary_markdown(record, baseline, config, run, notes, forced, ledger_path))
     return [config_file, args_file, summary]
+
+
+def mlflow_run_of(ledger_path: Path, record: dict[str, Any]) -> str | None:
+    """The trial's MLflow run id, from the store the sweep logged to (``sweep.yaml`` beside the ledger)."""
+    sweep_file = Path(ledger_path).parent / "sweep.yaml"
+    raw = (yaml.safe_load(sweep_file.read_text()) or {}) if sweep_file.is_file() else {}
+    storage, tracking = raw.get("storage") or {}, raw.get("tracking") or {}
+    if tracking.get("enabled") is False:
+        return None
+    from orchestrator.tracking import find_trial_run, tracking_uri_for
+
+    # The ledger lies in <results_dir>/<sweep>/: that is where the default store is, whatever the cwd was.
+    uri = storage.get("mlflow_uri") or tracking_uri_for(Path(ledger_path).parent.parent)
+    # A tracking server that is down would otherwise be retried for minutes; one quick try is enough here.
+    quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+    saved = {k: os.environ.get(k) for k in quick}
+    os.environ.update(quick)
+    try:
+        return find_trial_run(uri, tracking.get("experiment") or "steptune", record)
+    except Exception:  # no store to ask must not cost the export; the summary says how to find the run
+        return None
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 # (label, how to read it from a ledger line, unit scale, format)

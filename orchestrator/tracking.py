@@ -206,6 +206,23 @@ _HEADLINE = {"step_time_s", "tokens_per_s", "mfu", "hfu", "peak_memory_bytes", "
              "phase.dp_comm_wait_s", "phase.pipeline_idle_s"}
 
 
+def find_trial_run(tracking_uri: str, experiment: str, record: dict[str, Any]) -> str | None:
+    """The id of the child run a ledger line was logged as (read only: creates nothing); None if absent.
+
+    The ledger is written before MLflow (it is the source of truth), so the line cannot carry its run id;
+    the tags that ``log_trial`` sets identify the run instead. A repeated logging picks the newest.
+    """
+    if (db := _sqlite_path(tracking_uri)) is not None and not db.is_file():
+        return None  # MlflowClient would create an empty store here
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    where = " and ".join(f"tags.\"steptune.{k}\" = {_q(str(record.get(k)))}" for k in ("sweep", "trial", "kind"))
+    runs = client.search_runs([exp.experiment_id], where, max_results=1, order_by=["attributes.start_time DESC"])
+    return runs[0].info.run_id if runs else None
+
+
 def _trial_tags(record: dict[str, Any]) -> dict[str, str]:
     parity = record.get("parity")
     verdict = "not_checked" if not parity else ("passed" if parity.get("passed") else "failed")

@@ -93,6 +93,11 @@ def test_sweep_measures_trials_on_a_warm_group_and_reports(ray_address, sweep_fi
     assert main(["export", "--sweep", "t", "--results", cfg.storage.results_dir]) == 0
     written = [Path(p) for p in capsys.readouterr().out.split()]
     assert written and all(p.exists() for p in written)
+    # The summary names the exported trial's MLflow run, looked up in the sweep's store by its tags.
+    summary_md = next(p for p in written if p.name == "summary.md").read_text()
+    trial = int(summary_md.split(", trial ")[1].split()[0])
+    child = next(x for x in runs if x.data.tags.get("steptune.trial") == str(trial))
+    assert f"- MLflow run: `{child.info.run_id}`" in summary_md
 
 
 @pytest.mark.timeout(240)

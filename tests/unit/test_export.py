@@ -396,3 +396,15 @@ def test_find_ledger(ledger):
 def test_export_sweep_defaults_next_to_the_ledger(ledger):
     paths = export_sweep(ledger.parent.parent, "demo")
     assert paths[0] == ledger.parent / "export" / "trainer.yaml" and all(p.is_file() for p in paths)
+
+
+def test_run_id_lookup_creates_no_store_and_respects_tracking_off(tmp_path):
+    from orchestrator.export import mlflow_run_of
+
+    ledger = tmp_path / "s" / "trials.jsonl"
+    ledger.parent.mkdir()
+    record = {"sweep": "s", "trial": 1, "kind": "trial"}
+    assert mlflow_run_of(ledger, record) is None
+    assert not (tmp_path / "mlflow.db").exists()  # looking must not create an empty store
+    (ledger.parent / "sweep.yaml").write_text("tracking: {enabled: false}\n")
+    assert mlflow_run_of(ledger, record) is None
