@@ -38,6 +38,9 @@ class SearchConfig:
     """Finished Optuna trials in the study, baseline included (a resumed study counts what it has)."""
     wall_time_s: Optional[float] = 300.0
     """No new trial starts once this much of this invocation's time is spent (null: no limit)."""
+    min_trials: int = 0
+    """A met and confirmed target ends the sweep only once this many trials are finished (baseline included);
+    until then the search goes on for a faster config. 0: stop at the first confirmed one."""
 
 
 @dataclass(frozen=True)
@@ -214,6 +217,9 @@ def _check_fields(cfg: SweepConfig) -> None:
     for name, ok in checks:
         if not ok:
             raise ValueError(f"{name}={_get(cfg, name)!r} is out of range")
+    if not 0 <= cfg.search.min_trials <= cfg.search.n_trials:
+        raise ValueError(f"search.min_trials={cfg.search.min_trials} must be between 0 and search.n_trials="
+                         f"{cfg.search.n_trials}: lower search.min_trials or raise search.n_trials")
     if cfg.backend == "model" and not cfg.planner:
         raise ValueError("planner: backend: model needs a planner: section (the cluster and model to predict)")
     if cfg.backend == "ray" and cfg.planner:

@@ -150,8 +150,9 @@ def summary_text(s: dict[str, Any]) -> str:
             " (predicted; confirm it with a real run)" if pred else " (parity passed, confirmed by a repeat run)"))
     elif s["distance_to_target_s"] is not None:
         d = s["distance_to_target_s"]
-        out.append(f"target not met: best is {secs(abs(d), pred)} ({abs(d) / s['target_s']:.1%}) "
-                   f"{'above' if d > 0 else 'below (not confirmed)'} it")
+        gap = f"{secs(abs(d), pred)} ({abs(d) / s['target_s']:.1%})"
+        out.append(f"target not met: best is {gap} above it" if d > 0 else
+                   f"target not met: best is {gap} under it, but a repeat run did not confirm it")
     if s.get("numerics"):
         out.append(s["numerics"])
     if s.get("breakdowns"):

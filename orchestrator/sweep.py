@@ -70,6 +70,8 @@ class Sweep:
         self.refs = parity.ReferenceStore(cfg.results_dir.parent / "parity_refs")
         """Baseline references by maths key, shared by every sweep under the same results directory."""
         self.stop_reason: str | None = None
+        self.target_reason: str | None = None
+        """Why the sweep may stop for its target; it does once search.min_trials are finished."""
         self.bookkeeping: list[float] = []
         """Driver seconds per finished trial after its ledger line (Optuna, MLflow): not in any trial's wall."""
         self.prefilter = prefilter_from_settings(cfg.prefilter, prefilter_base_dir(cfg), cfg.resources.memory_budget_gb) \
@@ -161,7 +163,7 @@ class Sweep:
         self.recover()
         if (self.cfg.target.seconds(self.baseline_s) is not None
                 and L.confirmed_winner(self.records, self.cfg.confirm.repeats)):
-            self.stop_reason = "the target was already met and confirmed"
+            self._target_reached("the target was already met and confirmed")
         runner = None if self.stop_reason else backends.runner_for(self.cfg, self.configs, self.say)
         startup = time.perf_counter() - t0
         self.say(f"sweep {self.cfg.name}: {self.cfg.backend} backend on {runner.where if runner else '-'}; "
@@ -210,8 +212,10 @@ class Sweep:
             self.stop_reason = f"the wall-time budget ({wall_budget:.0f} s) is spent"
             return None
         while True:
-            done = len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
-            if done + sum(j.trial is not None for j in active.values()) >= self.cfg.search.n_trials:
+            self._target_reached(None)  # a skipped trial below counts towards search.min_trials too
+            if self.stop_reason:
+                return None
+            if self._finished_trials() + sum(j.trial is not None for j in active.values()) >= self.cfg.search.n_trials:
                 return None
             trial = self.study.ask()
             kind = trial.user_attrs.get("kind", "trial")
@@ -281,6 +285,18 @@ class Sweep:
         runs = self.refs.add(ref) if store else (self.refs.runs(ref["maths_key"]) or [ref])
         self.reference, self.tolerance = runs[0], parity.tolerance_for(runs)
 
+    def _finished_trials(self) -> int:
+        """What the budgets count: finished Optuna trials, baseline included (a resumed study counts its own)."""
+        return len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+    def _target_reached(self, reason: str | None) -> None:
+        """Stop for a met target (``reason``, or the one already held), once search.min_trials are finished."""
+        self.target_reason = self.target_reason or reason
+        if self.target_reason and not self.stop_reason:
+            n = self.cfg.search.min_trials
+            if self._finished_trials() >= n:
+                self.stop_reason = self.target_reason + (f" (after search.min_trials={n})" if n else "")
+
     def _confirm_job(self, number: int, params: dict, config: Any) -> Job:
         job = Job("confirm", number, params, config)
 
@@ -289,7 +305,7 @@ class Sweep:
                 job.runs = [(yield config)]
                 if not self._finish(job, job.runs[0], repeat=repeat)["meets_target"]:
                     return
-            self.stop_reason = f"trial {number} met the target, passed parity and was confirmed"
+            self._target_reached(f"trial {number} met the target, passed parity and was confirmed")
 
         job.steps = steps()
         self.progress.started(number, "confirm", params)
@@ -359,7 +375,7 @@ class Sweep:
         # the best plan instead of stopping at the first one under the target, and has nothing to confirm.
         if meets and job.kind != "confirm" and self.cfg.backend == "ray":
             if self.cfg.confirm.repeats == 0:
-                self.stop_reason = f"trial {job.number} meets the target (confirm.repeats=0)"
+                self._target_reached(f"trial {job.number} meets the target (confirm.repeats=0)")
             else:
                 self.queue.append(self._confirm_job(job.number, job.params, job.config))
         return line

@@ -274,6 +274,11 @@ def test_a_met_target_is_confirmed_and_stops_the_sweep(ray_address, sweep_file):
     assert summary["stopped_because"] == "trial 0 met the target, passed parity and was confirmed"
     again, lines = run_sweep(cfg)  # rerunning a finished sweep measures nothing more
     assert len(lines) == 2 and again["stopped_because"] == "the target was already met and confirmed"
+    # With search.min_trials the met target does not end the search before that many trials are finished.
+    more, lines = run_sweep(load_sweep(sweep_file(), ["search.n_trials=8", "target.step_time_s=30",
+                                                      "confirm.repeats=1", "search.min_trials=3"]))
+    assert len([r for r in lines if r["kind"] != "confirm"]) == 3 and more["target_met"]
+    assert more["stopped_because"] == "the target was already met and confirmed (after search.min_trials=3)"
 
 
 @pytest.mark.timeout(120)
