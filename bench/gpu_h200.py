@@ -17,6 +17,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from results_file import write_and_print  # noqa: E402 (bench/ is the script's own folder)
+
 from trainer.config import TrainConfig, apply_overrides  # noqa: E402
 from trainer.launch import spawn_many  # noqa: E402
 
@@ -52,10 +54,7 @@ def main() -> None:
                       "Command: `.venv/bin/python bench/gpu_h200.py` (examples/gpt1b.yaml, bf16 autocast, 1 GPU)", "",
                       *lines, "", f"Peak basis: {ok[0].summary.peak_basis if ok else 'n/a'}.",
                       f"torch {torch.__version__}; wall time {time.time() - t0:.0f} s.", ""])
-    print(text)
-    out = Path(__file__).resolve().parent / "results" / f"gpu_{name.replace(' ', '_')}.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    write_and_print(text, Path(__file__).resolve().parent / "results" / f"gpu_{name.replace(' ', '_')}.md")
 
 
 if __name__ == "__main__":

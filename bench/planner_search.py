@@ -26,6 +26,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from results_file import write_and_print  # noqa: E402 (bench/ is the script's own folder)
+
 from orchestrator.planner import (apply_params, enumerate_space, knob_values, plan_config_from_dict,  # noqa: E402
                                   predict)
 
@@ -164,10 +166,7 @@ def main() -> None:
         f"TPE needs {np.median(tpe_n) / np.median(rnd_n):.2f}x random's trials (median; capped runs count as cap + 1, "
         "which flatters whichever sampler hit its cap).", "",
     ]
-    text = "\n".join(lines)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    print(text)
+    write_and_print("\n".join(lines), args.out)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from results_file import write_and_print  # noqa: E402 (bench/ is the script's own folder)
+
 from orchestrator.planner import apply_params, enumerate_space, plan_config_from_dict, predict  # noqa: E402
 from orchestrator.prefilter import MemoryPrefilter, load_cluster  # noqa: E402
 from trainer.config import TrainConfig, apply_overrides  # noqa: E402
@@ -80,10 +82,7 @@ def main() -> None:
         f"peak {grid.peak_memory_bytes[best] / 1e9:.1f} GB:", "",
         "```", *(f"{k}: {v}" for k, v in grid.params(best).items()), "```", "",
     ]
-    text = "\n".join(lines)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    print(text)
+    write_and_print("\n".join(lines), args.out)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from results_file import write_and_print  # noqa: E402 (bench/ is the script's own folder)
+
 from orchestrator.planner import (NoRecompute, apply_params, calibrate, plan_config_from_dict,  # noqa: E402
                                   predict, predicts_oom)
 from orchestrator.planner.published import FIT_RUNS, VALIDATION_RUNS, fit_records  # noqa: E402
@@ -122,10 +124,7 @@ def main() -> None:
     published_section(lines)
     memory_section(lines)
     article_section(lines)
-    text = "\n".join(lines)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    print(text)
+    write_and_print("\n".join(lines), args.out)
 
 
 if __name__ == "__main__":

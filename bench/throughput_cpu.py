@@ -16,6 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from results_file import write_and_print  # noqa: E402 (bench/ is the script's own folder)
+
 from trainer.config import TrainConfig, apply_overrides  # noqa: E402
 from trainer.launch import spawn_many  # noqa: E402
 
@@ -65,9 +67,7 @@ def main() -> None:
         *lines, "",
         f"MFU/HFU basis: {basis} per rank.", f"Peak memory: {mem}.",
         f"Wall time of the whole benchmark: {time.time() - t0:.0f} s.", ""])
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    write_and_print(text, args.out)
 
 
 if __name__ == "__main__":
