@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+import time
 from datetime import datetime
 
 import optuna
@@ -12,6 +14,8 @@ from orchestrator.ledger import Ledger
 from orchestrator.sweep import run_sweep
 
 pytestmark = pytest.mark.e2e
+ASK_SLACK_S = 0.5
+"""Seconds between the wall-time check and a trial's started_at (one Optuna ask); a loaded machine included."""
 
 
 @pytest.mark.timeout(120)
@@ -50,33 +54,18 @@ def test_the_wall_time_budget_stops_new_trials(tmp_path):
                      [f"storage.results_dir={tmp_path}", "search.n_trials=100000", "search.wall_time_s=2",
                       "tracking.enabled=false"])
     summary, lines = run_sweep(cfg)
+    t_end = time.time()
     assert summary["stopped_because"] == "the wall-time budget (2 s) is spent"
-    # Stopped rather than ran on (the bound leaves room for a loaded machine).
-    assert 1 < len(lines) < 100000 and summary["sweep_wall_s"] < 30
-
-
-# (each actor's node: ip, free port, its GPU ids) -> the env each rank gets
-ENV_TABLE = [
-    ([{"ip": "a", "port": 1, "gpu_ids": []}, {"ip": "a", "port": 2, "gpu_ids": []}],
-     [{"RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"},
-      {"RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}]),
-    ([{"ip": "a", "port": 7, "gpu_ids": ["3"]}, {"ip": "a", "port": 8, "gpu_ids": ["1"]},
-      {"ip": "b", "port": 9, "gpu_ids": ["0"]}, {"ip": "b", "port": 5, "gpu_ids": ["10"]}],
-     [{"RANK": "0", "LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "1,3", "MASTER_ADDR": "a", "MASTER_PORT": "7"},
-      {"RANK": "1", "LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "1,3", "LOCAL_WORLD_SIZE": "2"},
-      {"RANK": "2", "LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "0,10", "MASTER_ADDR": "a", "WORLD_SIZE": "4"},
-      {"RANK": "3", "LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "0,10"}]),
-]
-
-
-@pytest.mark.parametrize("nodes,expected", ENV_TABLE)
-def test_rank_environment(nodes, expected):
-    """torchrun's variables per actor; on GPU nodes each rank sees its node's group GPUs, LOCAL_RANK its own."""
-    from orchestrator.workers import rank_envs
-
-    envs = rank_envs(nodes)
-    for env, want in zip(envs, expected):
-        assert want.items() <= env.items(), (env, want)
+    assert 1 < len(lines) < 100000
+    # The rule (orchestrator.sweep._next_job): a trial starts only while elapsed + the median trial wall <= budget.
+    # The sweep's clock starts sweep_wall_s before it returned; each line's started_at is set just after its
+    # ask(), so it may trail the check by one ask (ASK_SLACK_S), never by a budget's worth.
+    t0 = t_end - summary["sweep_wall_s"]
+    median = statistics.median(r["wall_s"] for r in lines)
+    last_start = max(datetime.fromisoformat(r["started_at"]).timestamp() for r in lines)
+    assert last_start - t0 <= 2.0 - median + ASK_SLACK_S, (last_start - t0, median)
+    # ... and it did not stop before the budget was spent.
+    assert summary["sweep_wall_s"] >= 2.0 - median
 
 
 @pytest.mark.timeout(180)
