@@ -339,7 +339,8 @@ class Sweep:
         if metrics.get("step_time_s") and base:
             metrics["speedup_vs_baseline"] = base / metrics["step_time_s"]
         target = self.cfg.target.seconds(base)
-        meets = status == "ok" and target is not None and metrics.get("step_time_s", float("inf")) <= target
+        meets = (job.kind != "canonical" and status == "ok" and target is not None  # a reference run is no candidate
+                 and metrics.get("step_time_s", float("inf")) <= target)
         runs = [r for r in job.runs if r is not None]
         wall = sum(r.wall_s for r in runs)
         run_name = f"trial{job.number}" + ("" if job.kind == "trial" else f"_{job.kind}{extra.get('repeat', '')}")

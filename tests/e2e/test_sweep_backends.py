@@ -77,6 +77,8 @@ def test_two_worker_groups_run_trials_at_the_same_time(ray_address, sweep_file):
                                            "trial_timeout_s": 60}),
                      ["search.n_trials=6", "trainer.run.steps=30"])
     summary, lines = run_sweep(cfg)
+    assert lines[0]["kind"] == "canonical"
+    lines = lines[1:]
     assert len(lines) == 6 and all(r["status"] in ("ok", "skipped") for r in lines), [r["reason"] for r in lines]
     spans = [(datetime.fromisoformat(r["started_at"]), datetime.fromisoformat(r["finished_at"]))
              for r in lines if r["kind"] == "trial" and r["status"] == "ok"]
@@ -106,7 +108,7 @@ def test_prefilter_skips_configs_predicted_over_the_memory_budget(ray_address, s
     budget_gib = (base_b + big_b) / 2 / 2**30  # the baseline fits, the enqueued config does not
     cfg = load_sweep(path, [f"prefilter.cluster={cluster_file}", f"prefilter.memory_budget_gb={budget_gib}"])
     summary, lines = run_sweep(cfg)
-    assert lines[0]["kind"] == "baseline" and lines[0]["status"] == "ok"  # never filtered
+    assert lines[0]["kind"] == "canonical" and lines[1]["kind"] == "baseline" and lines[1]["status"] == "ok"  # never filtered
     skipped = [r for r in lines if r["status"] == "skipped" and r["reason"].startswith("prefilter:")]
     assert skipped and skipped[0]["params"] == {**skipped[0]["params"], **big}
     assert skipped[0]["result"] is None and skipped[0]["prediction"]["peak_memory_bytes"] > budget_gib * 2**30
@@ -125,19 +127,22 @@ def test_bf16_baseline_runs_twice_and_the_reference_is_reused_by_the_next_sweep(
     over = ["trainer.run.precision=bf16", "pruning.enabled=false"]
     cfg = load_sweep(path, over)
     summary, lines = run_sweep(cfg)
-    base = lines[0]
-    assert base["kind"] == "baseline" and base["status"] == "ok" and base["parity"]["passed"]
+    base = lines[1]
+    assert lines[0]["kind"] == "canonical" and base["kind"] == "baseline" and base["status"] == "ok" and base["parity"]["passed"]
     key = maths_key(base["config"])
     store = cfg.results_dir.parent / "parity_refs" / f"{key}.json"
     runs = json.loads(store.read_text())["runs"]
-    assert len(runs) == 2 and all(r["precision"] == "bf16" for r in runs)  # the baseline and its repeat
+    # The canonical run, then the baseline and its repeat (each stored after it matched the canonical run).
+    assert [r["role"] for r in runs] == ["canonical", "baseline", "baseline"] and all(r["precision"] == "bf16" for r in runs)
     assert base["parity"]["tolerance"]["loss_rel"] >= DEFAULT_TOLERANCE["bf16"].loss_rel
     # Another sweep with the same maths (different name) compares against the stored reference.
     again = load_sweep(path, over + ["name=t2"])
     _, lines2 = run_sweep(again)
-    assert lines2[0]["parity"]["passed"] and len(json.loads(store.read_text())["runs"]) == 3
+    assert lines2[0]["kind"] == "baseline" and lines2[0]["parity"]["passed"]  # the canonical run is stored
+    assert len(json.loads(store.read_text())["runs"]) == 4
     # Different maths: a new key, never the old reference.
     fp32 = load_sweep(path, ["name=t3", "pruning.enabled=false"])
     _, lines3 = run_sweep(fp32)
+    lines3 = [r for r in lines3 if r["kind"] != "canonical"]
     assert maths_key(lines3[0]["config"]) != key
-    assert len(json.loads((store.parent / f"{maths_key(lines3[0]['config'])}.json").read_text())["runs"]) == 1
+    assert len(json.loads((store.parent / f"{maths_key(lines3[0]['config'])}.json").read_text())["runs"]) == 2
