@@ -1,11 +1,13 @@
-"""Loss-parity gate: a trial must learn exactly what the baseline learns.
+"""Loss-parity gate: a trial must learn exactly what the reference learns.
 
-Pure functions. The reference is the baseline config's run (same seed, data, global batch, steps):
-per-step losses, per-step global gradient norms and a layout-independent fingerprint of the final
-parameters (per-tensor L2 norm and sum under the single-process model's names). A trial is compared
-step by step; the first failing step and metric are reported. Tolerances are per precision; the fp32
-defaults sit between the largest difference a legitimate layout change makes and the smallest a seeded
-bug makes, both measured (bench/parity_margins.py, README "Loss-parity gate").
+Pure functions. The reference is a run of the same maths (same seed, data, global batch, steps): the
+canonical layout's run when there is one (orchestrator.trust): per-step losses, per-step global gradient
+norms and a layout-independent fingerprint of the final parameters (per-tensor L2 norm and sum under the
+single-process model's names). A run is compared step by step; the first failing step and metric are
+reported with their difference and tolerance. Tolerances are per precision; the fp32 defaults sit between
+the largest difference a legitimate layout change makes and the smallest a seeded bug makes, both measured
+(bench/parity_margins.py, docs/parity.md). Only bf16/GPU tolerances widen, by repeats, and never beyond
+MAX_WIDENING x the floor.
 """
 
 from __future__ import annotations
