@@ -102,8 +102,9 @@ def test_sweep_measures_trials_on_a_warm_group_and_reports(ray_address, sweep_fi
     assert written and all(p.exists() for p in written)
     # The summary names the exported trial's MLflow run, looked up in the sweep's store by its tags.
     summary_md = next(p for p in written if p.name == "summary.md").read_text()
-    trial = int(summary_md.split(", trial ")[1].split()[0])
-    child = next(x for x in runs if x.data.tags.get("steptune.trial") == str(trial))
+    trial, kind = summary_md.split(", trial ")[1].split("\n")[0].split()
+    child = next(x for x in runs if x.data.tags.get("steptune.trial") == trial  # the canonical run shares trial 0
+                 and x.data.tags.get("steptune.kind") == kind.strip("()"))
     assert f"- MLflow run: `{child.info.run_id}`" in summary_md
 
 
