@@ -32,15 +32,27 @@ def measured_lines(ledger: Ledger) -> list[dict]:
     return [r for r in ledger.read() if r["kind"] in ("baseline", "trial")]
 
 
+def _parent(pid: int) -> int:
+    stat = (Path("/proc") / str(pid) / "stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state; the name may hold spaces
+
+
 def rank_pids(title: bytes = b"ray::RankWorker") -> set[int]:
-    """RankWorker actor processes (Ray titles them ray::RankWorker, and ray::RankWorker.run inside a run)."""
-    pids = set()
+    """This session's RankWorker actor processes (Ray titles them ray::RankWorker, and ray::RankWorker.run inside
+    a run). Only descendants of this test process (its embedded Ray's raylet starts them): on a shared machine
+    other sweeps' ranks carry the same title and must never be signalled."""
+    me, pids = os.getpid(), set()
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if (d / "cmdline").read_bytes().startswith(title):
+                if not (d / "cmdline").read_bytes().startswith(title):
+                    continue
+                pid = int(d.name)
+                while pid > 1 and pid != me:
+                    pid = _parent(pid)
+                if pid == me:
                     pids.add(int(d.name))
-            except OSError:
+            except (OSError, ValueError, IndexError):
                 pass
     return pids
 
