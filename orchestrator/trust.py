@@ -79,10 +79,12 @@ class ParityGate:
         return self.refs.path(parity.maths_key(cfg))
 
     def canonical_to_run(self, baseline: TrainConfig) -> TrainConfig | None:
-        """The canonical config to run before the baseline; None when the store holds one already."""
+        """The canonical config to run before the baseline; None when the store holds one already, or when the
+        baseline is the canonical layout itself (its own run then anchors the store)."""
         if self.refs.canonical(parity.maths_key(baseline.to_dict())) is not None:
             return None
-        return canonical_config(baseline)
+        canonical = canonical_config(baseline)
+        return None if canonical == baseline else canonical
 
     def needs_repeat(self, result: Any) -> bool:
         """bf16/GPU with no stored repeat of this layout: the baseline runs twice to measure its own spread."""

@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.parity import (DEFAULT_TOLERANCE, MAX_WIDENING, check_space_is_throughput_only, compare,
                                  describe_failure, maths_key, reference_from_result, tolerance_from_repeats)
-from trainer.config import TrainConfig, apply_overrides
+from trainer.config import TrainConfig, apply_overrides, flatten
 from trainer.result import Result, StepRecord, Summary
 
 
@@ -187,9 +187,10 @@ def _gate_with_canonical(tmp_path, **over):
     gate = ParityGate(tmp_path / "refs")
     canon = make_result([5.0, 4.9, 4.8], norms=[1.0, 0.9, 0.8], **{"parallel.dp": 2, "data_parallel.kind": "replicate",
                                                                 "data_parallel.overlap_grad_reduce": False})
-    assert gate.canonical_to_run(TrainConfig.from_dict(canon.config)) is not None  # nothing stored yet
+    baseline = TrainConfig.from_dict(apply_overrides(TrainConfig().to_dict(), {"parallel.pp": 2}))
+    assert gate.canonical_to_run(baseline) is not None  # nothing stored yet
     assert gate.judge_canonical(canon)["passed"]
-    assert gate.canonical_to_run(TrainConfig.from_dict(canon.config)) is None  # stored: not run again
+    assert gate.canonical_to_run(baseline) is None  # stored: not run again
     return gate, canon
 
 
@@ -265,3 +266,16 @@ def test_bf16_baseline_repeat_widens_within_the_cap_and_is_stored(tmp_path):
     with pytest.raises(TrustError, match="loss differs at step 1"):
         gate2.judge_baseline(base, [make_result([5.0, 4.9 * 1.01, 4.8], **bf16, **{"parallel.pp": 2})])
     assert MAX_WIDENING * DEFAULT_TOLERANCE["bf16"].loss_rel < 1e-2
+
+
+def test_a_canonical_baseline_is_its_own_anchor(tmp_path):
+    from orchestrator.parity import ReferenceStore
+    from orchestrator.trust import ParityGate, canonical_config
+
+    gate = ParityGate(tmp_path / "refs")
+    base = canonical_config(TrainConfig.from_dict(apply_overrides(TrainConfig().to_dict(), {"parallel.dp": 2})))
+    assert gate.canonical_to_run(base) is None  # nothing to run twice
+    result = make_result([5.0, 4.9], **flatten(base.to_dict()))
+    assert gate.judge_baseline(result)["passed"]
+    assert [r["role"] for r in ReferenceStore(tmp_path / "refs").runs(maths_key(result.config))] == ["canonical"]
+    assert gate.canonical_to_run(base) is None
