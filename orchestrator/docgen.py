@@ -244,7 +244,7 @@ def undocumented(root: Root) -> list[str]:
 # ---- the docs files ------------------------------------------------------------------------------
 
 def _block(name: str) -> re.Pattern:
-    return re.compile(rf"(<!-- fields:begin {re.escape(name)} -->\n)(.*?)(\n{re.escape(END_MARKER)})", re.S)
+    return re.compile(rf"(<!-- fields:begin {re.escape(name)} -->\n)(.*?)(^{re.escape(END_MARKER)})", re.S | re.M)
 
 
 def regenerate(text: str, root: Root) -> str:
@@ -254,7 +254,7 @@ def regenerate(text: str, root: Root) -> str:
         raise ValueError(f"{root.doc}: no '<!-- fields:begin {root.name} -->' ... '{END_MARKER}' block; add one "
                          f"where the {root.name} tables belong")
     generated = render(root)
-    return pattern.sub(lambda m: m.group(1) + generated + m.group(3), text, count=1)
+    return pattern.sub(lambda m: m.group(1) + generated + "\n" + m.group(3), text, count=1)
 
 
 def stale(repo: Path = REPO_ROOT) -> list[str]:
