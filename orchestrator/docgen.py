@@ -177,7 +177,8 @@ def default_text(f: dataclasses.Field) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    """Table-safe: a ``|`` would end the cell, a ``<name>`` would be read as an HTML tag."""
+    return text.replace("|", "\\|").replace("<", "&lt;")
 
 
 def _table(cls: type, path: str, missing: list[str], skip: tuple[str, ...] = (),
