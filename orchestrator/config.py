@@ -46,7 +46,9 @@ class SearchConfig:
 @dataclass(frozen=True)
 class SamplerConfig:
     kind: str = "tpe"
+    """Optuna sampler: tpe, random, cmaes, qmc or gp."""
     seed: Optional[int] = 0
+    """Sampler seed (null: a different search each run)."""
     multivariate: bool = True
     """TPE only: model the params jointly (with group decomposition for conditional params)."""
     n_startup_trials: int = 4
@@ -56,17 +58,22 @@ class SamplerConfig:
 @dataclass(frozen=True)
 class PruningConfig:
     enabled: bool = True
+    """Run a short probe of each trial (not the baseline or a confirm run) before its full measurement."""
     after_steps: int = 3
     """Measured (post warm-up) steps in the probe run."""
     slower_than_best: float = 1.5
-    """Prune when the probe's median step time exceeds this multiple of the best so far."""
+    """Prune when the probe's fastest measured update is slower than this multiple of the best step time so far
+    (the fastest, not the median: one slow update on a busy machine must not prune a good config)."""
 
 
 @dataclass(frozen=True)
 class ResourcesConfig:
     world_size: int = 2
+    """Ranks per trial; each trial's parallel.dp is world_size / parallel.pp."""
     cpus_per_rank: float = 1.0
+    """Ray CPUs reserved by each rank's actor."""
     gpus_per_rank: float = 0.0
+    """Ray GPUs reserved by each rank's actor: >= 1 with run.device=cuda, 0 with cpu."""
     trial_timeout_s: float = 120.0
     """Wall-clock limit of one run on the worker group; past it the group is killed and rebuilt."""
     concurrent_trials: int = 1
@@ -82,6 +89,7 @@ class RayConfig:
     address: Optional[str] = None
     """null: embedded local Ray; "auto" or "ray://host:10001" or "host:6379": an existing cluster."""
     dashboard: bool = False
+    """Start the embedded Ray's dashboard."""
     temp_dir: Optional[str] = None
     """Embedded Ray's session directory (default: <system temp>/steptune-ray)."""
     runtime_env: Optional[dict] = None
@@ -91,6 +99,7 @@ class RayConfig:
 @dataclass(frozen=True)
 class StorageConfig:
     results_dir: str = "results"
+    """Where the ledgers (<results_dir>/<name>/trials.jsonl) and the default Optuna and MLflow stores live."""
     optuna_url: Optional[str] = None
     """Any SQLAlchemy URL Optuna's RDBStorage takes; null: sqlite:///<results_dir>/optuna.db."""
     mlflow_uri: Optional[str] = None
@@ -100,30 +109,50 @@ class StorageConfig:
 @dataclass(frozen=True)
 class TrackingConfig:
     enabled: bool = True
+    """Mirror the sweep into MLflow (the ledger is written either way)."""
     experiment: str = "steptune"
+    """MLflow experiment name."""
 
 
 @dataclass(frozen=True)
 class SweepConfig:
     name: str = "default"
+    """Study name and results/<name>/ (letters, digits, '_', '-', '.')."""
     backend: str = "ray"
+    """ray: real multi-rank trials on Ray; model: the planner's predictions (needs planner:)."""
     description: str = ""
+    """Free text for the reader, kept with the sweep's record."""
     trainer: dict = field(default_factory=dict)
+    """Base trainer config (ray backend), merged over trainer_config's file."""
     trainer_config: Optional[str] = None
+    """A trainer YAML file for the base config, relative to the sweep file."""
     planner: dict = field(default_factory=dict)
+    """The planner's config (model backend only): cluster, model, job and the knob sections."""
     baseline: dict = field(default_factory=dict)
+    """Overrides (dotted or nested) that make the config you run today; measured first, it is the parity
+    reference and the speedup basis."""
     space: Space = None  # type: ignore[assignment]
+    """The search space, under space.params."""
     target: Target = field(default_factory=Target)
+    """Seconds per update to reach: step_time_s, relative_to_baseline or schedule (none: search the budget)."""
     enqueue: list = field(default_factory=list)
     """Param sets to try right after the baseline (flat dotted, in the space's terms)."""
     confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
+    """Repeat runs of a config that meets the target."""
     search: SearchConfig = field(default_factory=SearchConfig)
+    """The budget: trials and wall time."""
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    """How Optuna proposes the next config."""
     pruning: PruningConfig = field(default_factory=PruningConfig)
+    """Stop clearly slow trials after a short probe."""
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    """Ranks, Ray resources and limits of each trial."""
     ray: RayConfig = field(default_factory=RayConfig)
+    """Which Ray cluster to use."""
     storage: StorageConfig = field(default_factory=StorageConfig)
+    """Where results and the Optuna and MLflow stores go."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """MLflow mirroring."""
     prefilter: dict = field(default_factory=dict)
     """Memory pre-filter for real (ray) sweeps: {enabled, cluster, calibration, memory_budget_gb (GiB), margin};
     see orchestrator.prefilter.prefilter_from_settings."""

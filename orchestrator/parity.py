@@ -5,7 +5,7 @@ per-step losses, per-step global gradient norms and a layout-independent fingerp
 parameters (per-tensor L2 norm and sum under the single-process model's names). A trial is compared
 step by step; the first failing step and metric are reported. Tolerances are per precision; the fp32
 defaults sit between the largest difference a legitimate layout change makes and the smallest a seeded
-bug makes, both measured (bench/parity_margins.py, README "Loss-parity gate").
+bug makes, both measured (bench/parity_margins.py, docs/parity.md).
 """
 
 from __future__ import annotations

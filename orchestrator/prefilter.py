@@ -7,7 +7,8 @@ pre-filter says so and the trial runs, since only a prediction may stop a launch
 
 What the trainer measures on CPU (``trainer/run.py``) is parameter + gradient + optimizer-state bytes plus
 the peak of saved-activation bytes; the planner's ``job.precision`` modes ``fp32`` and ``bf16_autocast``
-reproduce the first three exactly (the README, "Calibrating the planner to real trials", gives the measured activation error).
+reproduce the first three exactly (docs/planner.md, "Accuracy against the real trainer", gives the measured
+activation error).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ class SyntheticData:
 
 @dataclass(frozen=True)
 class TokenFileData:
-    """A memory-mapped token file made by ``python -m trainer.data`` (format in the README)."""
+    """A memory-mapped token file made by ``python -m trainer.data`` (format in docs/trainer.md)."""
     kind: ClassVar[str] = "token_file"
     path: str = ""
     """Path to the ``.bin`` token file (its ``.json`` header sits beside it)."""
@@ -215,8 +215,11 @@ class OptimConfig:
     weight_decay: float = 0.0
     """AdamW decoupled weight decay."""
     beta1: float = 0.9
+    """AdamW first-moment decay."""
     beta2: float = 0.95
+    """AdamW second-moment decay."""
     eps: float = 1e-8
+    """AdamW denominator epsilon."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 disables)."""
 
@@ -269,14 +272,23 @@ class RunConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The GPT's shape."""
     data: Union[SyntheticData, TokenFileData] = field(default_factory=SyntheticData)
+    """Where the sequences come from."""
     batch: BatchConfig = field(default_factory=BatchConfig)
+    """Global batch (fixed) and microbatch size (a knob)."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Pipeline and data-parallel sizes."""
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    """Pipeline schedule, virtual stages and layer split."""
     data_parallel: DataParallel = field(default_factory=ReplicateDP)
+    """How data-parallel replicas keep their gradients (and parameters) in step."""
     recompute: Recompute = field(default_factory=NoRecompute)
+    """Which activations backward recomputes instead of keeping."""
     optim: OptimConfig = field(default_factory=OptimConfig)
+    """AdamW and gradient clipping."""
     run: RunConfig = field(default_factory=RunConfig)
+    """Steps, precision, device and measurement settings."""
 
     def __post_init__(self) -> None:
         pp, v = self.parallel.pp, self.pipeline.virtual_stages

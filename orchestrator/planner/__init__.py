@@ -2,7 +2,7 @@
 
 ``predict(cfg)`` estimates one update's time, broken down along the critical path, and the peak memory of
 every pipeline stage, for a ``PlanConfig`` (cluster, model, job, efficiency parameters, knobs).
-``calibrate(records, base_cfg)`` fits the efficiency parameters to measured runs. the README (section "The planner") lists
+``calibrate(records, base_cfg)`` fits the efficiency parameters to measured runs. docs/planner.md lists
 every formula and its source.
 """
 

@@ -1,6 +1,6 @@
 """Update time: compute per layer, tensor/pipeline/data-parallel communication, pipeline schedule.
 
-Sources, per formula (also in the README, section "The planner"):
+Sources, per formula (also in docs/planner.md):
 
 * GEMM FLOPs of a layer's forward pass, 2 * tokens * (4h^2 + 2h*ffn) = 24 b s h^2 for ffn = 4h, and
   attention scores 4 b s^2 h: Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU
