@@ -188,11 +188,6 @@ class Efficiency:
     dp_bw_eff: float = 0.7
     """Achieved fraction of link bandwidth for data-parallel collectives when every replica group
     communicates at once (fabric contention lowers it at scale)."""
-    dp_overlap_microbatches: float = 1.0
-    """Microbatch passes of the critical stage available to hide data-parallel traffic: gradient buckets
-    are reduced under the last k backward passes, parameters gathered under the first k forward passes.
-    Megatron's 1F1B schedule enables gradient sync only in the last microbatch (k = 1); fit it to a
-    measured timeline otherwise."""
     optimizer_bw_eff: float = 0.5
     """Achieved fraction of HBM bandwidth in the (memory-bound) optimizer step."""
     mem_reserved_gb: float = 5.0
@@ -206,6 +201,5 @@ class Efficiency:
         check_num(self, "tp_overlap", lo=0.0, hi=1.0)
         check_num(self, "gemm_tokens_half", lo=0.0)
         check_num(self, "op_overhead_us", lo=0.0)
-        check_num(self, "dp_overlap_microbatches", lo=0.0)
         check_num(self, "mem_reserved_gb", lo=0.0)
         check_num(self, "mem_activation_factor", lo=0.5, hi=4.0)

@@ -150,7 +150,7 @@ def _small() -> PlanConfig:
     return PlanConfig(
         cluster=ClusterSpec(num_gpus=64, gpus_per_node=8, peak_tflops=1000, hbm_gb=40),
         model=ModelSpec(num_layers=12, hidden_size=1024, num_heads=16, vocab_size=32000, flash_attention=False),
-        job=JobSpec(global_batch=32, seq_len=1024), efficiency=Efficiency(dp_overlap_microbatches=2.0),
+        job=JobSpec(global_batch=32, seq_len=1024), efficiency=Efficiency(),
         parallel=ParallelConfig(tp=2, pp=4, dp=8),
     )
 
