@@ -21,7 +21,7 @@ from .predict import predict
 
 A100_PRIOR = Efficiency(matmul_eff=0.6, gemm_tokens_half=256.0, attention_eff=0.3, op_overhead_us=50.0,
                         tp_bw_eff=0.7, tp_overlap=0.0, pp_bw_eff=0.7, dp_bw_eff=0.7, optimizer_bw_eff=0.5,
-                        mem_reserved_gb=4.0)
+                        mem_reserved_gb=4.0, flash_attention_eff=0.5)
 """Starting values (priors, not measurements) for the A100 fit."""
 A100_FIT = ("matmul_eff", "gemm_tokens_half", "attention_eff", "op_overhead_us", "dp_bw_eff")
 H100_FIT = ("matmul_eff",)

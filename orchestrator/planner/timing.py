@@ -53,7 +53,8 @@ def layer_costs(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     eta = e.matmul_eff * T / (T + e.gemm_tokens_half)
     gemm = 2.0 * T * (4 * C.h * C.h + 2 * C.h * C.ffn) / C.t / (C.peak * eta)
     mlp = 2.0 * T * (2 * C.h * C.ffn) / C.t / (C.peak * eta)
-    attn_eff = getattr(e, "flash_attention_eff", e.attention_eff) if C.flash else e.attention_eff
+    flash_eff = getattr(e, "flash_attention_eff", None)
+    attn_eff = flash_eff if (C.flash and flash_eff is not None) else e.attention_eff
     attn = 4.0 * T * C.s * C.h * (0.5 if C.flash else 1.0) / C.t / (C.peak * attn_eff)
     tp_op = _ring(C.t, 2.0 * T * C.h, C.bw_tp, C.lat_tp) * (1.0 - e.tp_overlap)
     ovh = e.op_overhead_us * 1e-6
