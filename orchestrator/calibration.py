@@ -25,7 +25,7 @@ PHASE_METRICS = {"forward": "forward_s", "backward": "backward_incl_recompute_s"
                  "dp_comm_wait": "dp_exposed_s", "pipeline_idle": "pp_idle_s"}
 """The trainer's phases (per rank, summed over microbatches; max over ranks) and the planner's names."""
 METRICS = ("step_time_s", "peak_memory_bytes") + tuple(PHASE_METRICS.values())
-CPU_FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "pp_bw_eff", "dp_bw_eff", "dp_overlap_microbatches",
+CPU_FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "pp_bw_eff", "dp_bw_eff",
            "optimizer_bw_eff", "mem_activation_factor")
 """Fitted by default: what trials on one host can tell apart. Tensor parallelism is never used by the
 trainer (tp_bw_eff, tp_overlap stay as given), and the CPU memory measurement has no runtime overhead to

@@ -177,6 +177,11 @@ class Efficiency:
     give skinny GEMMs (Narayanan et al. 2021, Sec. 5.5: arithmetic intensity grows with microbatch size)."""
     attention_eff: float = 0.4
     """Fraction of peak that the attention core (QK^T, softmax, AV) achieves."""
+    flash_attention_eff: float | None = None
+    """Fraction of peak the fused (FlashAttention) attention core achieves; used instead of attention_eff
+    when model.flash_attention is on (None: attention_eff serves both). Prior from FlashAttention-2 (Dao 2023): 50-73% of A100 peak forward +
+    backward, about 35-40% of H100's; the unfused 2021-22 kernels that attention_eff is fitted on are much
+    slower, so the two are kept apart."""
     op_overhead_us: float = 0.0
     """Fixed cost per layer per pass (kernel launches, synchronisation), microseconds."""
     tp_bw_eff: float = 0.7
@@ -188,11 +193,6 @@ class Efficiency:
     dp_bw_eff: float = 0.7
     """Achieved fraction of link bandwidth for data-parallel collectives when every replica group
     communicates at once (fabric contention lowers it at scale)."""
-    dp_overlap_microbatches: float = 1.0
-    """Microbatch passes of the critical stage available to hide data-parallel traffic: gradient buckets
-    are reduced under the last k backward passes, parameters gathered under the first k forward passes.
-    Megatron's 1F1B schedule enables gradient sync only in the last microbatch (k = 1); fit it to a
-    measured timeline otherwise."""
     optimizer_bw_eff: float = 0.5
     """Achieved fraction of HBM bandwidth in the (memory-bound) optimizer step."""
     mem_reserved_gb: float = 5.0
@@ -204,8 +204,9 @@ class Efficiency:
         for f in ("matmul_eff", "attention_eff", "tp_bw_eff", "pp_bw_eff", "dp_bw_eff", "optimizer_bw_eff"):
             check_num(self, f, lo=0.0, hi=1.0, lo_open=True)
         check_num(self, "tp_overlap", lo=0.0, hi=1.0)
+        if self.flash_attention_eff is not None:
+            check_num(self, "flash_attention_eff", lo=0.0, hi=1.0, lo_open=True)
         check_num(self, "gemm_tokens_half", lo=0.0)
         check_num(self, "op_overhead_us", lo=0.0)
-        check_num(self, "dp_overlap_microbatches", lo=0.0)
         check_num(self, "mem_reserved_gb", lo=0.0)
         check_num(self, "mem_activation_factor", lo=0.5, hi=4.0)

@@ -51,6 +51,11 @@ class Consts:
     pos_rows: int = 0
     matmul_per_layer: int = 0
     tensors_per_layer: int = 12
+    gpus_per_node: int = 8
+    intra_bw: float = 0.0
+    """NVLink bytes/s per GPU (raw datasheet figure; comm.py derives each group's bus bandwidth)."""
+    inter_bw: float = 0.0
+    """NIC bytes/s per GPU (raw)."""
 
     @classmethod
     def of(cls, cfg: PlanConfig, eff: object | None = None) -> "Consts":
@@ -73,6 +78,7 @@ class Consts:
             params_per_layer=m.params_per_layer, total_params=m.total_params, tied=m.tied_embeddings,
             num_gpus=c.num_gpus, eff=e, precision=cfg.job.precision, pos_rows=m.position_embeddings,
             matmul_per_layer=m.matmul_params_per_layer, tensors_per_layer=m.tensors_per_layer,
+            gpus_per_node=gpn, intra_bw=intra[0], inter_bw=inter[0],
         )
 
 

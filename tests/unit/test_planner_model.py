@@ -39,14 +39,19 @@ def test_article_baseline_is_12s_of_8s_compute_plus_4s_exposed(baseline):
     assert p.fits_memory   # the article: there was memory to spare
 
 
-def test_article_overlap_moves_2s_under_compute_for_10s(baseline):
+def test_overlap_hides_no_more_than_the_last_microbatch_backward(baseline):
+    """Megatron reduces gradients only in the last microbatch: overlap can hide at most that backward pass
+    (stage 0, the critical one for DP, has no pipeline-drain slack), not the article's 2 s."""
     before, after = predict(baseline), predict(apply_params(baseline, OVERLAP))
-    assert near(after.step_time_s, 10.0) and near(after.mfu, 0.41)
     assert near(after.dp_total_s, before.dp_total_s, 0.001)     # the same 4 s of transfer ...
-    assert near(before.dp_exposed_s - after.dp_exposed_s, 2.0)  # ... 2 s of it now under computation
+    hidden = before.dp_exposed_s - after.dp_exposed_s
+    one_backward = (before.backward_s + before.recompute_s + before.tp_comm_s) / before.microbatches
+    assert 0.0 < hidden <= one_backward * 1.01
     assert after.compute_track_s == pytest.approx(before.compute_track_s)
 
 
+@pytest.mark.xfail(strict=True, reason="issue 9: with Megatron's last-microbatch overlap the preset's layout does "
+                   "not reach 9.30 s by overlap + no recompute; bench/results/preset_500b.md")
 def test_target_reachable_within_memory(baseline):
     cfg = apply_params(baseline, {**OVERLAP, "data_parallel.overlap_param_gather": True, "recompute.kind": "none"})
     p = predict(cfg)
@@ -150,7 +155,7 @@ def _small() -> PlanConfig:
     return PlanConfig(
         cluster=ClusterSpec(num_gpus=64, gpus_per_node=8, peak_tflops=1000, hbm_gb=40),
         model=ModelSpec(num_layers=12, hidden_size=1024, num_heads=16, vocab_size=32000, flash_attention=False),
-        job=JobSpec(global_batch=32, seq_len=1024), efficiency=Efficiency(dp_overlap_microbatches=2.0),
+        job=JobSpec(global_batch=32, seq_len=1024), efficiency=Efficiency(),
         parallel=ParallelConfig(tp=2, pp=4, dp=8),
     )
 
