@@ -153,8 +153,11 @@ class ParityVerdict:
     first_fail_metric: str | None = None
     """What differed there: loss, grad_norm, parameters, replicas, steps, maths settings."""
     max_loss_rel_diff: float | None = None
+    """Largest per-step loss difference, relative to the baseline's."""
     max_grad_norm_rel_diff: float | None = None
+    """Largest per-step gradient-norm difference, relative."""
     max_fingerprint_rel_diff: float | None = None
+    """Largest final-parameter difference (per tensor), relative."""
     replica_max_abs_diff: float | None = None
     """Largest element difference between this trial's own data-parallel replicas."""
     tolerance: Tolerance | None = None
@@ -194,6 +197,7 @@ class Probe:
     skipped_steps: int = 0
     """Updates a pruned trial did not run (0 when the trial went on to its full measurement)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    """Probe keys this version does not know; kept and written back."""
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Probe":
@@ -213,6 +217,7 @@ class TrialRecord:
     trial: int
     """The Optuna trial number; a confirm run carries the number of the trial it repeats."""
     kind: Kind
+    """baseline (the reference every trial is measured against), trial, or confirm (a repeat of a winner)."""
     backend: str
     """Who produced the numbers: ``ray`` (measured) or ``model`` (the planner's prediction)."""
     params: dict[str, Any]
@@ -220,9 +225,11 @@ class TrialRecord:
     config: dict[str, Any]
     """The full config the trial was asked to run (trainer config, or the planner's plan); {} when none was built."""
     status: Status
+    """How the trial ended, after judgement."""
     reason: str | None
     """Why the status is not ``ok`` (or what a skip reused); None for ok."""
     metrics: Metrics
+    """The numbers judged and ranked by; stored in the line (``result.summary`` is rebuilt from them)."""
     meets_target: bool
     """Status ok and step time at or under the target."""
     wall_s: float
@@ -230,7 +237,9 @@ class TrialRecord:
     overhead_s: float | None
     """Wall minus the time inside updates (ray backend); None for predictions."""
     started_at: datetime
+    """When the driver started the trial (UTC; written as ISO text to the millisecond)."""
     finished_at: datetime
+    """When its record was made, after judgement."""
     result: Result | None = None
     """The measured run (trainer.result.Result): None for predictions, skips and runs that produced nothing."""
     prediction: dict[str, Any] | None = None
@@ -238,6 +247,7 @@ class TrialRecord:
     parity: ParityVerdict | None = None
     """None where nothing was compared (no result, or no reference yet)."""
     probe: Probe | None = None
+    """The trial's probe run, when it made one."""
     repeat: int | None = None
     """Confirm runs: which repeat (1-based)."""
     duplicate_of: int | None = None
@@ -272,6 +282,11 @@ class TrialRecord:
     def measured(self) -> bool:
         """A real run produced these numbers (not a prediction, not a reused earlier measurement)."""
         return self.result is not None
+
+    @property
+    def predicted(self) -> bool:
+        """The numbers are the planner's prediction (model backend), not a measurement."""
+        return self.result is None and self.prediction is not None and self.status is not Status.SKIPPED
 
     # ---- the writer ---------------------------------------------------------------------------
 
@@ -309,7 +324,7 @@ class TrialRecord:
                              f"the line was written by a newer one, upgrade to read it")
         missing = [k for k in _REQUIRED if k not in d]
         if missing:
-            raise ValueError(f"ledger line (trial {d.get('trial', '?')}): missing {missing}")
+            raise ValueError(f"missing keys {missing}: every ledger line has them; was this one edited by hand?")
         known, extra = _split(cls, d, "ledger line")
         raw_result = known.pop("result", None)
         metrics = Metrics.from_dict(known.pop("metrics"))
