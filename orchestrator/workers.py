@@ -53,14 +53,20 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, temp_dir: str | 
     return ctx.address_info["gcs_address"]
 
 
+_joined: str | None = None
+"""What connect() joined in this process, to name it again when it is reused."""
+
+
 def connect(address: str | None, runtime_env: dict | None, *, num_cpus: int, temp_dir: str | None,
             dashboard: bool) -> str:
     """Join ``address`` (an existing cluster) or start an embedded one; a Ray already up in this process is reused."""
+    global _joined
     if ray.is_initialized():
-        return "this process's Ray"
+        return _joined or "this process's Ray"
     if address is None:
-        return "embedded Ray at " + start_local_ray(max(num_cpus, os.cpu_count() or 1), temp_dir=temp_dir,
-                                                      dashboard=dashboard)
+        _joined = "embedded Ray at " + start_local_ray(max(num_cpus, os.cpu_count() or 1), temp_dir=temp_dir,
+                                                         dashboard=dashboard)
+        return _joined
     host, sep, port = address.rpartition(":")
     if sep and port.isdigit() and "://" not in address:
         # Ray retries an unreachable GCS for many minutes; a plain TCP connect says it in seconds.
@@ -73,7 +79,8 @@ def connect(address: str | None, runtime_env: dict | None, *, num_cpus: int, tem
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level="WARNING")
     except Exception as e:  # unreachable, refused, wrong token: say so in one line, before any trial
         raise GroupStartError(f"ray.address={address}: could not join the cluster: {type(e).__name__}: {e}") from None
-    return f"Ray cluster at {address}"
+    _joined = f"Ray cluster at {address}"
+    return _joined
 
 
 @ray.remote
