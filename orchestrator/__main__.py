@@ -181,7 +181,8 @@ COMMANDS: list[Command] = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="steptune", description=__doc__.split("\n")[0],
+    parser = argparse.ArgumentParser(prog="steptune", description="steptune: make distributed LLM training updates "
+                                     "faster without changing what the model learns (also: python -m orchestrator)",
                                      epilog="steptune COMMAND --help says more; docs/cli.md has examples.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for c in COMMANDS:

@@ -338,7 +338,7 @@ class Sweep:
                                f"changed on purpose, delete that file")
         budget = self.cfg.resources.memory_budget_gb
         if status == "ok" and budget and (metrics.get("peak_memory_bytes") or 0) > budget * 2**30:
-            status, reason = "infeasible", (f"infeasible for memory: peak {fmt_bytes(metrics['peak_memory_bytes'])}"
+            status, reason = "infeasible", (f"memory: peak {fmt_bytes(metrics['peak_memory_bytes'])}"
                                             f" > resources.memory_budget_gb={budget:g} GiB")
         return status, reason, metrics, verdict
 
