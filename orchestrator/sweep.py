@@ -390,7 +390,7 @@ class Sweep:
 
     def _after_baseline(self, job: Job, status: str, reason: str | None) -> None:
         if status != "ok":
-            what = "ran but is infeasible" if status == "infeasible" else f"did not finish ok: {status}"
+            what = "ran but is infeasible" if status == "infeasible" else f"did not run: {status}"
             raise SweepError(f"the baseline (trial {job.number}) {what}: {reason}. Fix the baseline config (or "
                              f"resources) first; it is queued again, and rerunning retries it")
         if not self.study.user_attrs.get("enqueued"):
