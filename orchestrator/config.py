@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from orchestrator.space import Space, enumerate_space, parse_space
 from orchestrator.target import Target, parse_target
 from trainer.mapping import build
 
+log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SWEEP = REPO_ROOT / "search_spaces" / "default.yaml"
 BACKENDS = ("ray", "model")
@@ -178,6 +181,7 @@ class SweepConfig:
 
 def load_sweep(path: str | Path | None = None, dotlist: list[str] | None = None, check: bool = True) -> SweepConfig:
     """Read a sweep file, apply ``key=value`` overrides, validate; ValueError names the field."""
+    import yaml
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -192,6 +196,9 @@ def load_sweep(path: str | Path | None = None, dotlist: list[str] | None = None,
         cli = OmegaConf.to_container(OmegaConf.from_dotlist(list(dotlist or [])), resolve=True)
     except (OmegaConfBaseException, ValueError) as e:
         raise ValueError(f"{path}: {e}") from None
+    except yaml.YAMLError as e:  # the parser's text spans lines; its position and problem fit in one
+        raise ValueError(f"{path}: not valid YAML{_yaml_where(e)}; fix the file (e.g. check its indentation "
+                         f"and quoting)") from None
     if not isinstance(base, dict):
         raise ValueError(f"{path}: expected a mapping at the top level")
     # A target given on the command line replaces the file's target of another kind instead of adding a second.
@@ -220,7 +227,19 @@ def from_dict(data: dict[str, Any], source: Path | None = None) -> SweepConfig:
     cfg = dataclasses.replace(cfg, space=space, target=target, source=str(source) if source else None, raw=raw,
                               baseline=flatten(cfg.baseline))  # nested or dotted keys both accepted
     _check_fields(cfg)
-    return cfg
+    return _cap_min_trials(cfg)
+
+
+def _cap_min_trials(cfg: SweepConfig) -> SweepConfig:
+    """A budget smaller than search.min_trials (e.g. ``search.n_trials=4`` on the default file) just works."""
+    s = cfg.search
+    if s.min_trials <= s.n_trials:
+        return cfg
+    log.warning("search.min_trials=%d is more than search.n_trials=%d; using search.min_trials=%d",
+                s.min_trials, s.n_trials, s.n_trials)
+    raw = dict(cfg.raw)
+    raw["search"] = {**(raw.get("search") or {}), "min_trials": s.n_trials}
+    return dataclasses.replace(cfg, search=dataclasses.replace(s, min_trials=s.n_trials), raw=raw)
 
 
 def _check_fields(cfg: SweepConfig) -> None:
@@ -246,9 +265,8 @@ def _check_fields(cfg: SweepConfig) -> None:
     for name, ok in checks:
         if not ok:
             raise ValueError(f"{name}={_get(cfg, name)!r} is out of range")
-    if not 0 <= cfg.search.min_trials <= cfg.search.n_trials:
-        raise ValueError(f"search.min_trials={cfg.search.min_trials} must be between 0 and search.n_trials="
-                         f"{cfg.search.n_trials}: lower search.min_trials or raise search.n_trials")
+    if cfg.search.min_trials < 0:
+        raise ValueError(f"search.min_trials={cfg.search.min_trials} must be 0 or more")
     if cfg.backend == "model" and not cfg.planner:
         raise ValueError("planner: backend: model needs a planner: section (the cluster and model to predict)")
     if cfg.backend == "ray" and cfg.planner:
@@ -262,6 +280,7 @@ def check_sweep(cfg: SweepConfig) -> None:
     """Everything that needs the trainer/planner: the baseline, the space's configs, the enqueued params."""
     from orchestrator import backends, parity
 
+    check_results_dir(cfg)
     configs = backends.configs_for(cfg)
     parity.check_space_is_throughput_only(cfg.space.override_keys)
     if cfg.prefilter:
@@ -291,6 +310,24 @@ def check_sweep(cfg: SweepConfig) -> None:
             configs.build(configs.overrides_for(cfg.space, entry))
         except ValueError as e:
             raise ValueError(f"enqueue[{i}] {_show(entry)}: {e}") from None
+
+
+def check_results_dir(cfg: SweepConfig) -> None:
+    """storage.results_dir must be (or become) a writable directory; checked without creating anything."""
+    where = Path(cfg.storage.results_dir).resolve()
+    existing = next(p for p in (where, *where.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"storage.results_dir={cfg.storage.results_dir}: {existing} is not a directory; "
+                         f"set storage.results_dir to a writable directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"storage.results_dir={cfg.storage.results_dir}: {existing} is not writable by this user; "
+                         f"set storage.results_dir to a writable directory")
+
+
+def _yaml_where(e: Exception) -> str:
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None)
+    return (f" at line {mark.line + 1}, column {mark.column + 1}" if mark else "") + (f": {problem}" if problem else "")
 
 
 def _show(params: dict[str, Any]) -> str:
@@ -338,7 +375,10 @@ def _read_yaml(path: Path, field_name: str) -> dict:
 
     if not path.is_file():
         raise ValueError(f"{field_name}: {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{field_name}: {path} is not valid YAML{_yaml_where(e)}; fix the file") from None
     if not isinstance(data, dict):
         raise ValueError(f"{field_name}: {path} must hold a mapping")
     return data

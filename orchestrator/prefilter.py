@@ -26,6 +26,7 @@ from orchestrator.planner import (BalancedSplit, BatchConfig, ClusterSpec, DataP
 from orchestrator.planner.knobs import Consts, encode
 from orchestrator.planner.memory import stage_memory
 from orchestrator.planner.parse import plan_config_from_dict
+from orchestrator.units import fmt_bytes as _fmt
 
 REASON_PREFIX = "prefilter:"
 """Every reason the pre-filter writes starts with this, so a ledger's skipped lines can be told apart."""
@@ -205,13 +206,6 @@ class MemoryPrefilter:
     def summary(self) -> str:
         return (f"memory pre-filter: {self.checked} configs checked, {self.skipped} not launched (predicted over "
                 f"{_fmt(self.budget_bytes)}), {self.not_predicted} launched without a prediction")
-
-
-def _fmt(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
 
 
 # ---- the sweep's prefilter: section ------------------------------------------------------------
