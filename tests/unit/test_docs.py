@@ -20,7 +20,6 @@ PENDING_FROM_OTHER_BRANCHES = {
     "docs/parity.md",
     "docs/ray-clusters.md",
     "docs/mlflow.md",
-    "docs/cli.md",
     "docs/knobs.md",
 }
 
