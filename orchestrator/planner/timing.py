@@ -106,9 +106,10 @@ def dp_times(C: Consts, K: Knobs, F: np.ndarray, B: np.ndarray) -> dict[str, np.
     zero = np.zeros_like(P)
     if C.d <= 1:
         return {"rs": zero, "ag": zero, "total": zero, "P": P}
-    elems = col(K.bucket_mb) * 1e6 / 2.0
-    nb = np.maximum(1.0, np.ceil(P / elems))
     weight_bytes, grad_bytes = state_bytes(C, K)
+    # bucket_mb is MB of gradients in the dtype they are reduced in (trainer.knobs.ReplicateDP).
+    elems = col(K.bucket_mb) * 1e6 / col(grad_bytes)
+    nb = np.maximum(1.0, np.ceil(P / elems))
     grad_bucket = P * col(grad_bytes) / nb
     dist = col(K.dist)
     c_rs = np.where(dist, _ring(C.d, grad_bucket, C.bw_dp, C.lat_dp),

@@ -61,6 +61,7 @@ def test_indivisible_batch_is_refused(gb, mbs, dp):
 def test_schedule_requirements(schedule, pp, v, n_micro, field):
     with pytest.raises(ValueError, match=field):
         layout.check_schedule(schedule, pp, v, n_micro)
+        layout.check_torch_schedule(schedule, pp, n_micro)
 
 
 def test_gpipe_accepts_fewer_microbatches_than_stages():
