@@ -73,7 +73,7 @@ def test_bad_planner_values_name_the_field(preset, section, changes, field):
 
 
 @pytest.mark.parametrize("section, changes, message", [
-    ("data_parallel", {"bucket_size": 40}, "did you mean planner.data_parallel.bucket_mb?"),
+    ("data_parallel", {"bucket_mbs": 40}, "did you mean planner.data_parallel.bucket_mb?"),
     ("parallel", {"tp": 8}, "moved: use planner.tensor_parallel.size"),
     ("job", {"global_batch": 1920}, "moved: use planner.batch.global_batch"),
 ])
