@@ -106,8 +106,8 @@ def article_section(lines: list[str]) -> None:
     cases = (("article baseline (12 s)", {}),
              ("grad-reduce overlap (article: 10 s)", {"data_parallel.overlap_grad_reduce": True}),
              ("+ param-gather overlap", {"data_parallel.overlap_grad_reduce": True,
-                                         "data_parallel.overlap_param_gather": True}),
-             ("+ no recompute", {"data_parallel.overlap_grad_reduce": True, "data_parallel.overlap_param_gather": True,
+                                         "optimizer.overlap_param_gather": True}),
+             ("+ no recompute", {"data_parallel.overlap_grad_reduce": True, "optimizer.overlap_param_gather": True,
                                  "recompute.kind": "none"}))
     for label, params in cases:
         p = predict(apply_params(base, params))
