@@ -22,6 +22,13 @@ def _int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _check_ints(obj: object, section: str, names: tuple[str, ...], lo: int = 1) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not _int(value) or value < lo:
+            raise ValueError(f"{section}.{name}: must be an integer >= {lo}, got {value!r}")
+
+
 def _check_bool(name: str, value: object) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"{name}: expected true or false, got {value!r}")
@@ -36,9 +43,7 @@ class BatchConfig:
     which must be whole."""
 
     def __post_init__(self) -> None:
-        for name in ("global_batch", "micro_batch_size"):
-            if not _int(getattr(self, name)) or getattr(self, name) < 1:
-                raise ValueError(f"batch.{name}: must be an integer >= 1, got {getattr(self, name)!r}")
+        _check_ints(self, "batch", ("global_batch", "micro_batch_size"))
 
 
 @dataclass(frozen=True)
@@ -50,9 +55,7 @@ class ParallelConfig:
     GPU count is tensor_parallel.size x pp x dp."""
 
     def __post_init__(self) -> None:
-        for name in ("pp", "dp"):
-            if not _int(getattr(self, name)) or getattr(self, name) < 1:
-                raise ValueError(f"parallel.{name}: must be an integer >= 1, got {getattr(self, name)!r}")
+        _check_ints(self, "parallel", ("pp", "dp"))
 
 
 # ---- pipeline --------------------------------------------------------------------------------------------
@@ -89,10 +92,7 @@ class FirstLastSplit:
     """Layers on the last model chunk (which also holds the LM head and loss); 0: balanced with the middle."""
 
     def __post_init__(self) -> None:
-        for name in ("first", "last"):
-            if not _int(getattr(self, name)) or getattr(self, name) < 0:
-                raise ValueError(f"pipeline.split.{name}: must be an integer >= 0 (0: balanced with the middle), "
-                                 f"got {getattr(self, name)!r}")
+        _check_ints(self, "pipeline.split", ("first", "last"), lo=0)  # 0: balanced with the middle
 
     def counts(self, n_layers: int, n_chunks: int) -> list[int]:
         return layout.split_counts(n_layers, n_chunks, first=self.first, last=self.last)
@@ -114,8 +114,7 @@ class PipelineConfig:
     def __post_init__(self) -> None:
         if self.schedule not in layout.SCHEDULES:
             raise ValueError(f"pipeline.schedule: {self.schedule!r} is not one of {', '.join(layout.SCHEDULES)}")
-        if not _int(self.virtual_stages) or self.virtual_stages < 1:
-            raise ValueError(f"pipeline.virtual_stages: must be an integer >= 1, got {self.virtual_stages!r}")
+        _check_ints(self, "pipeline", ("virtual_stages",))
         if self.virtual_stages != 1 and self.schedule != "interleaved_1f1b":
             raise ValueError(f"pipeline.virtual_stages: {self.virtual_stages} needs pipeline.schedule="
                              f"interleaved_1f1b (got {self.schedule})")
@@ -160,8 +159,7 @@ class FullRecompute:
     def __post_init__(self) -> None:
         if self.method not in RECOMPUTE_METHODS:
             raise ValueError(f"recompute.method: {self.method!r} must be uniform or block")
-        if not _int(self.num_layers) or self.num_layers < 1:
-            raise ValueError(f"recompute.num_layers: must be an integer >= 1, got {self.num_layers!r}")
+        _check_ints(self, "recompute", ("num_layers",))
 
 
 Recompute = Union[NoRecompute, SelectiveRecompute, FullRecompute]
@@ -202,8 +200,7 @@ class FsdpDP:
 
     def __post_init__(self) -> None:
         _check_bool("data_parallel.reshard_after_forward", self.reshard_after_forward)
-        if not _int(self.prefetch) or self.prefetch < 0:
-            raise ValueError(f"data_parallel.prefetch: must be an integer >= 0, got {self.prefetch!r}")
+        _check_ints(self, "data_parallel", ("prefetch",), lo=0)
 
 
 @dataclass(frozen=True)
