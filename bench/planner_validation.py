@@ -108,7 +108,7 @@ def memory_section(lines: list[str]) -> None:
     for run in FIT_RUNS[2::2]:
         cfg = run.config()
         plain = dataclasses.replace(cfg, recompute=NoRecompute(),
-                                    parallel=dataclasses.replace(cfg.parallel, sequence_parallel=False))
+                                    tensor_parallel=dataclasses.replace(cfg.tensor_parallel, sequence_parallel=False))
         for label, c, paper in (("as published (full recompute)", cfg, "ran"),
                                 ("no recompute, no SP", plain, "not run")):
             oom, _ = predicts_oom(c)

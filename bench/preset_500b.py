@@ -25,7 +25,7 @@ ARTICLE = {"baseline": (12.0, 8.0, 4.0), "overlap": (10.0, 8.0, 2.0)}
 CASES = (("baseline (article: 12 s = 8 + 4)", {}, "baseline"),
          ("grad-reduce overlap (article: 10 s)", {"data_parallel.overlap_grad_reduce": True}, "overlap"),
          ("+ param-gather overlap", {"data_parallel.overlap_grad_reduce": True,
-                                     "data_parallel.overlap_param_gather": True}, None))
+                                     "optimizer.overlap_param_gather": True}, None))
 CALIBRATED_FIT = ("matmul_eff", "dp_bw_eff")
 """Two physical parameters solved from the article's baseline: its 8 s of compute and 4 s of exposed traffic."""
 

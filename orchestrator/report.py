@@ -20,7 +20,7 @@ _SHORT = {"batch.micro_batch_size": "mbs", "parallel.pp": "pp", "pipeline.schedu
           "data_parallel.overlap_grad_reduce": "overlap", "data_parallel.bucket_mb": "bucket_mb",
           "data_parallel.kind": "dp", "recompute.kind": "recompute", "recompute.num_layers": "rc_layers",
           "recompute.method": "rc_method", "pipeline.split.kind": "split",
-          "data_parallel.overlap_param_gather": "param_gather"}
+          "optimizer.overlap_param_gather": "param_gather", "data_parallel.overlap_param_gather": "param_gather"}
 
 
 def short_params(params: dict[str, Any]) -> str:

@@ -8,8 +8,10 @@ every formula and its source.
 
 from .calibrate import Calibration, calibrate
 from .cluster import ClusterSpec, Efficiency, JobSpec, ModelSpec
-from .config import (BalancedSplit, BatchConfig, DataParallelConfig, FirstLastSplit, FullRecompute,
-                     NoRecompute, ParallelConfig, PipelineConfig, PlanConfig, SelectiveRecompute)
+from trainer.knobs import (BalancedSplit, BatchConfig, FirstLastSplit, FullRecompute, NoRecompute,
+                           ParallelConfig, PipelineConfig, ReplicateDP, SelectiveRecompute, TorchDDP)
+
+from .config import OptimizerSharding, PlanConfig, TensorParallel
 from .grid import enumerate_space
 from .memory import predicts_oom
 from .parse import (KNOBS, apply_params, knob_values, layer_split_context, plan_config_from_dict,
@@ -17,7 +19,8 @@ from .parse import (KNOBS, apply_params, knob_values, layer_split_context, plan_
 from .predict import Prediction, predict
 
 __all__ = [
-    "BalancedSplit", "BatchConfig", "Calibration", "ClusterSpec", "DataParallelConfig", "Efficiency",
+    "BalancedSplit", "BatchConfig", "Calibration", "ClusterSpec", "Efficiency", "OptimizerSharding",
+    "ReplicateDP", "TensorParallel", "TorchDDP",
     "FirstLastSplit", "FullRecompute", "JobSpec", "KNOBS", "ModelSpec", "NoRecompute", "ParallelConfig",
     "PipelineConfig", "PlanConfig", "Prediction", "SelectiveRecompute", "apply_params", "calibrate",
     "enumerate_space", "knob_values", "layer_split_context", "plan_config_from_dict", "plan_config_to_dict", "predict", "predicts_oom",

@@ -67,7 +67,7 @@ def predict(cfg: PlanConfig) -> Prediction:
     mem = stage_memory(C, K)
     stages = [{k: float(mem[k][0, s]) for k in ("params", "grads", "optimizer", "activations", "reserved", "total")}
               for s in range(cfg.parallel.pp)]
-    tokens_per_s = cfg.job.tokens / t["step_time_s"]
+    tokens_per_s = cfg.batch.global_batch * cfg.job.seq_len / t["step_time_s"]
     mfu = 6.0 * cfg.model.total_params * tokens_per_s / (cfg.cluster.num_gpus * cfg.cluster.peak_flops)
     return Prediction(
         step_time_s=t["step_time_s"], **{k: t[k] for k in BREAKDOWN}, compute_track_s=t["compute_track_s"],

@@ -118,9 +118,10 @@ def dp_times(C: Consts, K: Knobs, F: np.ndarray, B: np.ndarray) -> dict[str, np.
     if C.d <= 1:
         return {"rs": zero[:, 0], "ag": zero[:, 0], "total": zero, "P": P}
     bus = dp_bus_bandwidth(C)
-    elems = col(K.bucket_mb) * 1e6 / 2.0
-    nb = np.maximum(1.0, np.ceil(P / elems))
     weight_bytes, grad_bytes = state_bytes(C, K)
+    # bucket_mb is MB of gradients in the dtype they are reduced in (trainer.knobs.ReplicateDP).
+    elems = col(K.bucket_mb) * 1e6 / col(grad_bytes)
+    nb = np.maximum(1.0, np.ceil(P / elems))
     grad_bucket = P * col(grad_bytes) / nb
     dist = col(K.dist)
     c_rs = np.where(dist, reduce_scatter_time(C.d, grad_bucket, bus, C.lat_dp),

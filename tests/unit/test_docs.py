@@ -20,7 +20,6 @@ PENDING_FROM_OTHER_BRANCHES = {
     "docs/parity.md",
     "docs/ray-clusters.md",
     "docs/mlflow.md",
-    "docs/knobs.md",
 }
 
 README_MAX_LINES = 200

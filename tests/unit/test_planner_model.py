@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.planner import (ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig, PlanConfig,
+from orchestrator.planner import (BatchConfig, ClusterSpec, ReplicateDP, TensorParallel, Efficiency, JobSpec, ModelSpec, ParallelConfig, PlanConfig,
                                   apply_params, enumerate_space, plan_config_from_dict, predict, predicts_oom)
 from orchestrator.planner.predict import BREAKDOWN
 
@@ -53,7 +53,7 @@ def test_overlap_hides_no_more_than_the_last_microbatch_backward(baseline):
 @pytest.mark.xfail(strict=True, reason="issue 9: with Megatron's last-microbatch overlap the preset's layout does "
                    "not reach 9.30 s by overlap + no recompute; bench/results/preset_500b.md")
 def test_target_reachable_within_memory(baseline):
-    cfg = apply_params(baseline, {**OVERLAP, "data_parallel.overlap_param_gather": True, "recompute.kind": "none"})
+    cfg = apply_params(baseline, {**OVERLAP, "optimizer.overlap_param_gather": True, "recompute.kind": "none"})
     p = predict(cfg)
     assert p.step_time_s <= 9.30 and p.fits_memory
 
@@ -103,17 +103,17 @@ def test_bigger_microbatch_more_memory_and_a_larger_bubble_share(baseline):
 def test_overlap_hides_communication(baseline):
     base = predict(baseline)
     grad = predict(apply_params(baseline, OVERLAP))
-    both = predict(apply_params(baseline, {**OVERLAP, "data_parallel.overlap_param_gather": True}))
+    both = predict(apply_params(baseline, {**OVERLAP, "optimizer.overlap_param_gather": True}))
     assert base.dp_exposed_s > grad.dp_exposed_s > both.dp_exposed_s > 0
     assert base.dp_total_s == pytest.approx(both.dp_total_s)
 
 
 def test_bucket_size_trades_latency_against_the_last_bucket(baseline):
     exposed = {mb: predict(apply_params(baseline, {**OVERLAP, "data_parallel.bucket_mb": mb})).dp_exposed_s
-               for mb in (5.0, 200.0, 20000.0)}
-    assert exposed[200.0] < exposed[5.0] and exposed[200.0] < exposed[20000.0]
-    off = {mb: predict(apply_params(baseline, {"data_parallel.bucket_mb": mb})).dp_exposed_s for mb in (5.0, 200.0)}
-    assert off[200.0] < off[5.0]   # without overlap only the per-collective latency differs
+               for mb in (10.0, 400.0, 40000.0)}   # MB of fp32 gradients
+    assert exposed[400.0] < exposed[10.0] and exposed[400.0] < exposed[40000.0]
+    off = {mb: predict(apply_params(baseline, {"data_parallel.bucket_mb": mb})).dp_exposed_s for mb in (10.0, 400.0)}
+    assert off[400.0] < off[10.0]   # without overlap only the per-collective latency differs
 
 
 def test_more_virtual_stages_smaller_bubble(baseline):
@@ -144,7 +144,7 @@ def test_oom_prefilter(baseline):
 
 
 def test_no_distributed_optimizer_costs_optimizer_memory(baseline):
-    plain = apply_params(baseline, {"data_parallel.distributed_optimizer": False})
+    plain = apply_params(baseline, {"optimizer.distributed": False})
     shard, full = predict(baseline).memory_per_stage[3], predict(plain).memory_per_stage[3]
     params = shard["params"] / 2
     assert shard["optimizer"] == pytest.approx(12 * params / 80) and full["optimizer"] == pytest.approx(12 * params)
@@ -155,8 +155,9 @@ def _small() -> PlanConfig:
     return PlanConfig(
         cluster=ClusterSpec(num_gpus=64, gpus_per_node=8, peak_tflops=1000, hbm_gb=40),
         model=ModelSpec(num_layers=12, hidden_size=1024, num_heads=16, vocab_size=32000, flash_attention=False),
-        job=JobSpec(global_batch=32, seq_len=1024), efficiency=Efficiency(),
-        parallel=ParallelConfig(tp=2, pp=4, dp=8),
+        job=JobSpec(seq_len=1024), efficiency=Efficiency(),
+        parallel=ParallelConfig(pp=4, dp=8), tensor_parallel=TensorParallel(size=2), batch=BatchConfig(32),
+        data_parallel=ReplicateDP(overlap_grad_reduce=False, bucket_mb=80.0),   # 20M fp32 elements
     )
 
 
@@ -172,9 +173,9 @@ SMALL_SPACE = {
     "recompute.method": {"type": "categorical", "choices": ["uniform", "block"], "when": {"recompute.kind": "full"}},
     "recompute.num_layers": {"type": "int", "low": 1, "high": 4, "when": {"recompute.kind": "full"}},
     "data_parallel.overlap_grad_reduce": {"type": "categorical", "choices": [False, True]},
-    "data_parallel.distributed_optimizer": {"type": "categorical", "choices": [False, True]},
-    "data_parallel.overlap_param_gather": {"type": "categorical", "choices": [False, True]},
-    "data_parallel.bucket_mb": {"type": "float", "low": 1.0, "high": 100.0, "log": True},
+    "optimizer.distributed": {"type": "categorical", "choices": [False, True]},
+    "optimizer.overlap_param_gather": {"type": "categorical", "choices": [False, True]},
+    "data_parallel.bucket_mb": {"type": "float", "low": 2.0, "high": 200.0, "log": True},
 }
 
 

@@ -79,15 +79,18 @@ def row_planner_dict(r: Mapping[str, Any], eff: Efficiency) -> dict[str, Any]:
         "model": {"num_layers": r["layers"], "hidden_size": r["hidden"], "num_heads": r["heads"],
                   "ffn_hidden_size": equivalent_ffn(r), "vocab_size": r["vocab"], "tied_embeddings": r["tied"],
                   "flash_attention": r["flash"], "linear_biases": r["biases"]},
-        "job": {"global_batch": r["gbs"], "seq_len": r["seq"], "precision": r.get("precision", "mixed")},
+        "job": {"seq_len": r["seq"], "precision": r.get("precision", "mixed")},
         "efficiency": dataclasses.asdict(eff),
-        "parallel": {"tp": tp, "pp": pp, "dp": gpus // (tp * pp), "sequence_parallel": sel and tp > 1},
-        "batch": {"micro_batch_size": r["mbs"]},
+        "parallel": {"pp": pp, "dp": gpus // (tp * pp)},
+        "tensor_parallel": {"size": tp, "sequence_parallel": sel and tp > 1},
+        "batch": {"global_batch": r["gbs"], "micro_batch_size": r["mbs"]},
         "pipeline": pipeline,
         "recompute": recompute,
-        "data_parallel": {"overlap_grad_reduce": r.get("overlap_grad", False),
-                          "overlap_param_gather": r.get("overlap_param", False),
-                          "distributed_optimizer": r.get("dist_opt", False), "bucket_mb": 40.0 * 2},
+        # Megatron's default bucket: 40M parameters, in MB of fp32 main gradients (trainer.knobs unit).
+        "data_parallel": {"kind": "replicate", "overlap_grad_reduce": r.get("overlap_grad", False),
+                          "bucket_mb": 40.0 * 4},
+        "optimizer": {"distributed": r.get("dist_opt", False),
+                      "overlap_param_gather": r.get("overlap_param", False)},
     }
 
 
