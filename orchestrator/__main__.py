@@ -18,6 +18,11 @@ import yaml
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["plan"]:  # its own module: orchestrator.plan_cli (add_parser / main)
+        from orchestrator import plan_cli
+
+        sub = argparse.ArgumentParser(prog="python -m orchestrator").add_subparsers(dest="command", required=True)
+        return plan_cli.main(plan_cli.add_parser(sub).parse_args(argv[1:]))
     if argv[:1] == ["calibrate"]:  # its own parser: orchestrator.calibration.calibrate_main
         from orchestrator.calibration import calibrate_main
 
