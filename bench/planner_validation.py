@@ -25,6 +25,7 @@ from results_file import write_and_print  # noqa: E402 (bench/ is the script's o
 
 from orchestrator.planner import NoRecompute, predict, predicts_oom  # noqa: E402
 from orchestrator.planner import corpus, fidelity  # noqa: E402
+from orchestrator.planner.band import write_band  # noqa: E402
 from orchestrator.planner.published import FIT_RUNS  # noqa: E402
 
 
@@ -38,6 +39,7 @@ def corpus_section(lines: list[str]) -> None:
     fits = fidelity.fit_all(rows)
     held = fidelity.heldout_residuals(rows, fits)
     band = fidelity.band_from_residuals([e for _, e in held])
+    write_band(band)  # what every prediction reads (orchestrator/planner/corpus/band.yaml)
     src = corpus.sources()
     lines += ["## 1. Corpus and split (orchestrator/planner/corpus/corpus.yaml)", "",
               f"{len(rows)} published runs from {len({r.source for r in rows})} sources on "
@@ -50,8 +52,7 @@ def corpus_section(lines: list[str]) -> None:
         lines.append(f"* {g} ({len(f.rows)} fit rows): " + ", ".join(f"{k} = {v:.3g}" for k, v in f.fitted.items()))
     lines += ["* h200, b200: no published rows; they take the h100-sxm set (a transfer, not a fit).", "",
               "## 3. Every row: published vs predicted step time", "",
-              f"Band: the {band.coverage:.0%} band from the {band.n} held-out residuals, "
-              f"[{100 * band.lo:+.1f}%, {100 * band.hi:+.1f}%] around the point prediction.", "",
+              f"Band: {band.basis}; stored in orchestrator/planner/corpus/band.yaml, which every prediction reads.", "",
               "| row | source | GPU | split | TPxPPxDP (v) | GBS/MBS | recompute | published figure | published s | "
               "predicted s | error | band s |", "|---|---|---|---|---|---|---|---|---:|---:|---:|---|"]
     for r in rows:

@@ -157,6 +157,18 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
     add_calibrate_arguments(p)
 
 
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    from orchestrator.plan_cli import add_arguments
+
+    add_arguments(p)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from orchestrator.plan_cli import main
+
+    return main(args)
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     from orchestrator.calibration import run_calibrate
 
@@ -177,6 +189,10 @@ COMMANDS: list[Command] = [
     Command("calibrate", "fit the planner to a sweep's measured trials",
             "Fit the planner's efficiency parameters to a sweep's measured trials and write them as YAML, for "
             "the memory pre-filter (prefilter.calibration) or the model backend.", _calibrate_args, _calibrate),
+    Command("plan", "predict one config with the planner (no sweep)",
+            "One config in, the planner's prediction out: the breakdown along the critical path, memory per "
+            "pipeline stage, MFU with its peak basis, the band, and the file's target judged at the point and at "
+            "the band's upper end. key=value changes a knob or planner.<section>.<field>.", _plan_args, _plan),
 ]
 
 

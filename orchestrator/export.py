@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from orchestrator.ledger import KINDS, Ledger
+from orchestrator.plan_verdict import verdict as plan_verdict, verdict_lines
 from orchestrator.megatron import format_args, megatron_args, megatron_args_for_plan
 from trainer.config import TrainConfig, flatten
 
@@ -210,6 +211,7 @@ def summary_markdown(record: dict[str, Any], baseline: dict[str, Any] | None, co
     if predicted:
         lines += ["> **Predicted, not measured**: these numbers come from the cost model (backend `model`); "
                   "measure the config before relying on them.", ""]
+        lines += [f"- {line}" for line in verdict_lines(plan_verdict([record], None))] + [""]
     parity = record.get("parity")
     if parity is None:
         verdict = "not applicable (the baseline is the reference)" if record.get("kind") == "baseline" else (

@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from orchestrator import ledger as L
 from orchestrator import parity
+from orchestrator.plan_verdict import verdict, verdict_lines
 from orchestrator.prefilter import prefilter_summary, prefilter_summary_text
 from orchestrator.target import Target
 from orchestrator.units import fmt_bytes
@@ -108,6 +109,7 @@ def summarize(records: list[dict], target: Target, repeats: int) -> dict[str, An
         "prefilter": prefilter_summary(records),
         "numerics": parity.numerics_note(best["params"], base["params"], best["parity"]) if best and base else None,
         "breakdowns": _breakdowns(records, target_s) if rows and rows[0]["backend"] == "model" else [],
+        "verdict": verdict(records, target_s),
     }
 
 
@@ -154,6 +156,7 @@ def summary_text(s: dict[str, Any]) -> str:
         gap = f"{secs(abs(d), pred)} ({abs(d) / s['target_s']:.1%})"
         out.append(f"target not met: best is {gap} above it" if d > 0 else
                    f"target not met: best is {gap} under it, but a repeat run did not confirm it")
+    out.extend(verdict_lines(s.get("verdict")))  # model backend: band, robust or point only, efficiency basis
     if s.get("numerics"):
         out.append(s["numerics"])
     if s.get("breakdowns"):

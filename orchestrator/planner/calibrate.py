@@ -176,7 +176,8 @@ def calibrate(records: Sequence[Mapping[str, Any]], base_cfg: PlanConfig, fit: S
 
     solver = "scipy.optimize.least_squares" if use_scipy and _scipy_solver() else "levenberg-marquardt (numpy)"
     z = _scipy_solver()(residuals, z0) if solver.startswith("scipy") else _levenberg_marquardt(residuals, z0)
-    eff = eff_of(z)
+    # Labelled fitted; a caller that solved it from the very timeline it will predict relabels it calibrated.
+    eff = dataclasses.replace(eff_of(z), basis="fitted")
     before = [(_evaluate(c, k, eff0), m) for c, k, m in prepared]
     after = [(_evaluate(c, k, eff), m) for c, k, m in prepared]
     return Calibration(efficiency=eff, fitted={n: getattr(eff, n) for n in names}, errors_before=_errors(before),

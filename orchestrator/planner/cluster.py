@@ -12,6 +12,16 @@ from dataclasses import dataclass
 from .checks import check_bool, check_choice, check_int, check_num, prefixed
 
 PRECISIONS = ("mixed", "fp32", "bf16_autocast")
+EFFICIENCY_BASES = {
+    "prior": "starting guesses, not fitted to anything",
+    "blind": "datasheet hardware + an efficiency set fitted on other runs (another GPU generation's published "
+             "runs, transferred); nothing of the target's own timeline went in",
+    "calibrated": "solved from the very timeline being predicted (e.g. the article's 12 s = 8 + 4): it "
+                  "reproduces that timeline by construction, so it is not a prediction of it",
+    "fitted": "fitted to measured or published runs on this hardware (python -m orchestrator calibrate, or a "
+              "corpus fit set)",
+}
+"""Where an efficiency set's values come from; reports and exports name it next to every predicted answer."""
 
 
 @dataclass(frozen=True)
@@ -196,9 +206,18 @@ class Efficiency:
     """Per-GPU memory outside the model: CUDA context, NCCL and cuBLAS workspaces, allocator slack."""
     mem_activation_factor: float = 1.0
     """Multiplier on the Korthikanti et al. activation bytes (allocator fragmentation, small tensors)."""
+    basis: str = "prior"
+    """Where these values come from: prior | blind | calibrated | fitted (see EFFICIENCY_BASES). A label, not
+    a parameter: the sweep summary and export say which kind of set produced a predicted answer."""
+    basis_note: str = ""
+    """Free text naming the source of the values (fit set, transferred from which generation, solved from
+    what), shown next to the basis."""
 
     def __post_init__(self) -> None:
         with prefixed("efficiency"):
+            check_choice(self, "basis", tuple(EFFICIENCY_BASES))
+            if not isinstance(self.basis_note, str):
+                raise ValueError(f"basis_note: must be a string, got {self.basis_note!r}")
             for f in ("matmul_eff", "attention_eff", "tp_bw_eff", "pp_bw_eff", "dp_bw_eff", "optimizer_bw_eff"):
                 check_num(self, f, lo=0.0, hi=1.0, lo_open=True)
             check_num(self, "tp_overlap", lo=0.0, hi=1.0)

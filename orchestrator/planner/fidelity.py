@@ -14,10 +14,11 @@ from typing import Sequence
 
 import numpy as np
 
+from .band import Band, write_band
 from .calibrate import calibrate
 from .cluster import Efficiency
 from .corpus import Row, load
-from .predict import predict
+from .predict import point_step_time
 
 A100_PRIOR = Efficiency(matmul_eff=0.6, gemm_tokens_half=256.0, attention_eff=0.3, op_overhead_us=50.0,
                         tp_bw_eff=0.7, tp_overlap=0.0, pp_bw_eff=0.7, dp_bw_eff=0.7, optimizer_bw_eff=0.5,
@@ -70,11 +71,19 @@ def fit_all(rows: Sequence[Row]) -> dict[str, Fit]:
 
 
 def transferred_efficiency(fits: dict[str, Fit], generation: str) -> Efficiency:
-    return fits[TRANSFER.get(generation, generation)].efficiency
+    """The set for ``generation``: its own fit (basis fitted), or another generation's (basis blind)."""
+    src = TRANSFER.get(generation, generation)
+    fit = fits[src]
+    if src == generation:
+        return dataclasses.replace(fit.efficiency, basis="fitted",
+                                   basis_note=f"fitted on corpus rows {', '.join(fit.rows) or '(none: priors)'}")
+    return dataclasses.replace(fit.efficiency, basis="blind",
+                               basis_note=f"{src} set (fitted on corpus rows {', '.join(fit.rows)}) transferred to "
+                                          f"{generation}, which has no published rows")
 
 
 def predicted_step(row: Row, fits: dict[str, Fit]) -> float:
-    return predict(row.config(transferred_efficiency(fits, row.gpu))).step_time_s
+    return point_step_time(row.config(transferred_efficiency(fits, row.gpu)))
 
 
 def rel_error(pred: float, truth: float) -> float:
@@ -96,20 +105,6 @@ def loso(rows: Sequence[Row]) -> dict[str, list[tuple[str, float]]]:
     return out
 
 
-@dataclass(frozen=True)
-class Band:
-    """Relative band [lo, hi] around a point prediction, from held-out residuals, and its nominal coverage."""
-
-    lo: float
-    hi: float
-    coverage: float
-    n: int
-
-    def apply(self, point: float) -> tuple[float, float]:
-        """(lower, upper) seconds for a predicted step time."""
-        return point * (1.0 + self.lo), point * (1.0 + self.hi)
-
-
 def band_from_residuals(residuals: Sequence[float], q: tuple[float, float] = BAND_QUANTILES) -> Band:
     r = np.asarray(residuals, dtype=float)
     if len(r) < 2:
@@ -123,6 +118,14 @@ def heldout_residuals(rows: Sequence[Row], fits: dict[str, Fit]) -> list[tuple[R
 
 
 def default_band() -> Band:
-    """The band every prediction carries: held-out residuals of the corpus under the per-generation fits."""
+    """The band every prediction carries (recomputed; ``band.load_band`` reads the stored copy): held-out
+    residuals of the corpus under the per-generation fits."""
     rows = load()
     return band_from_residuals([e for _, e in heldout_residuals(rows, fit_all(rows))])
+
+
+def refresh_band() -> Band:
+    """Recompute the band and store it where every prediction reads it (bench/planner_validation.py)."""
+    band = default_band()
+    write_band(band)
+    return band

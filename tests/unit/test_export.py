@@ -366,7 +366,9 @@ def test_plan_export_is_labelled_predicted(tmp_path):
     base["config"] = _plan()
     best = _record(7, "trial", 9.2, backend="model")
     best["config"] = _plan(data_parallel__overlap_grad_reduce=True)
-    best["prediction"] = {"step_time_s": 9.2, "dp_exposed_s": 1.25, "pp_bubble_s": 0.5}
+    best["prediction"] = {"step_time_s": 9.2, "dp_exposed_s": 1.25, "pp_bubble_s": 0.5, "step_time_low_s": 8.5,
+                          "step_time_high_s": 12.3, "band_basis": "80% band", "efficiency_basis": "blind"}
+    best["config"]["efficiency"].update(basis="blind", basis_note="h100 set transferred")
     path = tmp_path / "l.jsonl"
     path.write_text(json.dumps(base) + "\n" + json.dumps(best) + "\n")
     paths = export_trial(path, None, tmp_path / "o")
@@ -375,6 +377,7 @@ def test_plan_export_is_labelled_predicted(tmp_path):
     summary = (tmp_path / "o" / "summary.md").read_text()
     assert "Predicted, not measured" in summary and "this trial (predicted)" in summary
     assert "5120 GPUs (tp 8 x pp 8 x dp 80)" in summary
+    assert "- efficiency set: blind (h100 set transferred)" in summary and "~8.50-12.30 s" in summary
     assert "| exposed dp communication (s, max rank) | n/a | 1.25 |" in summary
     assert "`data_parallel.overlap_grad_reduce`: false -> **true**" in summary
     assert "--overlap-grad-reduce" in (tmp_path / "o" / "megatron_args.txt").read_text()

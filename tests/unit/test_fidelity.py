@@ -33,3 +33,20 @@ def test_bands_hold_heldout_truth_at_their_stated_rate_out_of_source():
     rate = hits / total
     # stated 80%; with 25 rows a binomial 95% interval reaches down to about 0.62
     assert rate >= 0.62, f"{hits}/{total} inside"
+
+
+def test_stored_band_matches_the_corpus():
+    """corpus/band.yaml (what every prediction reads) is the band the corpus gives today; rerun
+    bench/planner_validation.py to refresh it."""
+    from orchestrator.planner.band import load_band
+
+    stored, fresh = load_band(), fidelity.default_band()
+    assert (stored.n, stored.coverage) == (fresh.n, fresh.coverage)
+    assert abs(stored.lo - fresh.lo) < 1e-5 and abs(stored.hi - fresh.hi) < 1e-5
+
+
+def test_transferred_set_is_labelled_blind_and_own_fit_fitted():
+    rows = corpus.load()
+    fits = fidelity.fit_all(rows)
+    assert fidelity.transferred_efficiency(fits, "b200").basis == "blind"
+    assert fidelity.transferred_efficiency(fits, "a100-80gb").basis == "fitted"

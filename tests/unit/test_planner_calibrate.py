@@ -85,7 +85,8 @@ def test_trainer_result_shape_and_full_configs_are_read():
                          "backward": {"min": 0.0, "max": p.backward_s + p.recompute_s}}}
     cal = calibrate([record], _base(START), fit=("matmul_eff",))
     assert set(cal.errors_after) == {"step_time_s", "peak_memory_bytes", "forward_s", "backward_incl_recompute_s"}
-    assert dataclasses.replace(cal.efficiency, matmul_eff=START.matmul_eff) == START   # only the fitted field moved
+    assert cal.efficiency.basis == "fitted"
+    assert dataclasses.replace(cal.efficiency, matmul_eff=START.matmul_eff, basis=START.basis) == START  # only the fitted field moved
 
 
 @pytest.mark.parametrize("records, fit, match", [
