@@ -1,5 +1,5 @@
 # The two commands the README starts with. Each sets everything up first (scripts/setup.sh).
-.PHONY: setup sweep test test-fast bench
+.PHONY: setup sweep test test-fast bench docs
 
 setup:
 	bash scripts/setup.sh
@@ -15,3 +15,7 @@ test-fast: setup
 
 bench: setup
 	.venv/bin/python bench/throughput_cpu.py
+
+# The field tables in docs/sweep.md and docs/trainer.md, from the config dataclasses' docstrings.
+docs: setup
+	.venv/bin/python -m orchestrator.docgen

@@ -1,48 +1,74 @@
-"""``python -m orchestrator sweep|report|export``: the command line.
+"""The command line: ``steptune`` (or ``python -m orchestrator``), one subcommand per task.
 
-    python -m orchestrator sweep                                  # search_spaces/default.yaml, embedded Ray
-    python -m orchestrator sweep --config FILE search.n_trials=30 target.step_time_s=9.3
-    python -m orchestrator sweep --dry-run                        # validate the sweep file, launch nothing
-    python -m orchestrator report [--sweep NAME]                  # the table again, from the ledger
-    python -m orchestrator export [--sweep NAME] [--trial N] [--out DIR] [--force]
+    steptune sweep                                     # search_spaces/default.yaml, embedded Ray
+    steptune sweep --config FILE search.n_trials=30 target.step_time_s=9.3
+    steptune sweep --dry-run                           # validate the sweep file, launch nothing
+    steptune report [--sweep NAME]                     # the table again, from the ledger (default: most recent)
+    steptune export [--sweep NAME] [--trial N] [--out DIR] [--force]
+    steptune calibrate [--sweep NAME] [--cluster FILE]
+
+Exit status: 0 done; 1 the sweep started and stopped (its baseline failed, Ray failed, another driver holds
+it); 2 bad input, refused before anything was launched or written; 130 interrupted. docs/cli.md has the rest.
+A subcommand is one ``Command`` in ``COMMANDS``: its arguments and the function that runs it.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-import yaml
+log = logging.getLogger("orchestrator.cli")
+
+EXIT_OK, EXIT_STOPPED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["calibrate"]:  # its own parser: orchestrator.calibration.calibrate_main
-        from orchestrator.calibration import calibrate_main
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    """One line, in ``steptune --help``."""
+    description: str
+    """The paragraph at the top of ``steptune NAME --help``."""
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    """Returns the exit status; a ValueError or OSError it raises is bad input (one line, exit 2)."""
 
-        return calibrate_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m orchestrator", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    sw = sub.add_parser("sweep", help="run or resume a sweep")
-    sw.add_argument("--config", help="sweep YAML (default: search_spaces/default.yaml)")
-    sw.add_argument("--dry-run", action="store_true", help="validate everything, launch nothing")
-    sw.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. search.n_trials=30")
-    rp = sub.add_parser("report", help="print a sweep's table from its ledger")
-    sub.add_parser("calibrate", help="fit the planner to a sweep's measured trials (calibrate --help)")
-    ex = sub.add_parser("export", help="write a trial's config for the trainer and Megatron-LM")
-    for p in (rp, ex):
-        p.add_argument("--sweep", default="default", help="sweep name (default: default)")
-        p.add_argument("--results", default="results", help="results directory (default: results)")
-    ex.add_argument("--trial", type=int, help="Optuna trial number (default: the best)")
-    ex.add_argument("--out", help="output directory (default: results/<sweep>/export)")
-    ex.add_argument("--force", action="store_true", help="export even a trial that failed parity or the target")
-    args = parser.parse_args(argv)
-    try:
-        return {"sweep": _sweep, "report": _report, "export": _export}[args.command](args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+
+# ---- shared flags: one name and one meaning in every subcommand -------------------------------------
+
+def add_results_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results-dir", "--results", dest="results_dir", default="results", metavar="DIR",
+                   help="the sweeps' results directory, storage.results_dir of the sweep file "
+                        "(default: results; --results is a deprecated alias)")
+
+
+def add_sweep_name(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sweep", metavar="NAME",
+                   help="the sweep's name (results/NAME/); default: the sweep whose ledger was written last")
+
+
+def pick_ledger(args: argparse.Namespace) -> Path:
+    """The ledger ``--sweep`` names, or the most recently written one (and say which)."""
+    from orchestrator.export import find_ledger
+
+    ledger = find_ledger(Path(args.results_dir), args.sweep)
+    if not args.sweep:
+        log.info("sweep %r: the most recently written ledger under %s/ (--sweep NAME picks another)",
+                 ledger.parent.name, args.results_dir)
+    return ledger
+
+
+# ---- the subcommands --------------------------------------------------------------------------------
+
+def _sweep_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="sweep YAML (default: search_spaces/default.yaml)")
+    p.add_argument("--dry-run", action="store_true", help="validate everything, launch and write nothing")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="dotted overrides of the sweep file, e.g. search.n_trials=30 storage.results_dir=/tmp/r")
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -52,7 +78,7 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(f"sweep {cfg.name!r} ({cfg.source}) is valid: {cfg.backend} backend, {len(cfg.space.names)} params "
               f"({', '.join(cfg.space.names)}), target {cfg.target.describe()}, budget {cfg.search.n_trials} trials")
-        return 0
+        return EXIT_OK
     from orchestrator import report
     from orchestrator.ledger import LedgerBusy
     from orchestrator.sweep import SweepError, run_sweep
@@ -61,52 +87,164 @@ def _sweep(args: argparse.Namespace) -> int:
     try:
         summary, records = run_sweep(cfg)
     except (SweepError, GroupStartError, LedgerBusy) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        log.error("%s", e)
+        return EXIT_STOPPED
     except KeyboardInterrupt:
-        print("\ninterrupted; the ledger has every finished trial. Rerun the same command to resume.", file=sys.stderr)
-        return 130
+        log.error("interrupted; the ledger has every finished trial. Rerun the same command to resume.")
+        return EXIT_INTERRUPTED
+    where = "" if cfg.storage.results_dir == "results" else f" --results-dir {cfg.storage.results_dir}"
     print()
     print(report.table(records))
     print()
     print(report.summary_text(summary))
     print(f"stopped because {summary['stopped_because']}")
-    print(f"ledger: {cfg.results_dir / 'trials.jsonl'}; again: python -m orchestrator report --sweep {cfg.name}"
-          + ("" if cfg.storage.results_dir == "results" else f" --results {cfg.storage.results_dir}"))
+    print(f"ledger: {cfg.results_dir / 'trials.jsonl'}; again: steptune report --sweep {cfg.name}{where}")
     if summary["mlflow_ui"]:
         print(f"MLflow: {summary['mlflow_ui']}")
-    print(f"export the best: python -m orchestrator export --sweep {cfg.name}"
-          + ("" if cfg.storage.results_dir == "results" else f" --results {cfg.storage.results_dir}"))
-    return 0
+    print(f"export the best: steptune export --sweep {cfg.name}{where}")
+    return EXIT_OK
+
+
+def _report_args(p: argparse.ArgumentParser) -> None:
+    add_sweep_name(p)
+    add_results_dir(p)
 
 
 def _report(args: argparse.Namespace) -> int:
+    import yaml
+
     from orchestrator import report
     from orchestrator.ledger import Ledger
     from orchestrator.target import parse_target
 
-    results = Path(args.results) / args.sweep
-    records = Ledger(results / "trials.jsonl").read()
+    ledger = pick_ledger(args)
+    records = Ledger(ledger).read()
     if not records:
-        raise ValueError(f"--sweep {args.sweep}: no ledger at {results / 'trials.jsonl'} (or it is empty)")
-    saved = results / "sweep.yaml"
-    raw = yaml.safe_load(saved.read_text()) if saved.exists() else {}
+        raise ValueError(f"{ledger} is empty: nothing was measured yet")
+    saved = ledger.parent / "sweep.yaml"
+    raw = (yaml.safe_load(saved.read_text()) or {}) if saved.exists() else {}
     target = parse_target(raw.get("target"))
     repeats = (raw.get("confirm") or {}).get("repeats", 1)
     print(report.table(records))
     print()
     print(report.summary_text(report.summarize(records, target, repeats)))
-    return 0
+    return EXIT_OK
+
+
+def _export_args(p: argparse.ArgumentParser) -> None:
+    add_sweep_name(p)
+    add_results_dir(p)
+    p.add_argument("--trial", type=int, metavar="N", help="Optuna trial number (default: the best)")
+    p.add_argument("--out", metavar="DIR", help="output directory (default: RESULTS_DIR/NAME/export)")
+    p.add_argument("--force", action="store_true", help="export even a trial that failed parity or the target")
 
 
 def _export(args: argparse.Namespace) -> int:
     from orchestrator.export import export_trial
 
-    results = Path(args.results) / args.sweep
-    out = Path(args.out) if args.out else results / "export"
-    for path in export_trial(results / "trials.jsonl", args.trial, out, args.force):
+    ledger = pick_ledger(args)
+    out = Path(args.out) if args.out else ledger.parent / "export"
+    for path in export_trial(ledger, args.trial, out, args.force):
         print(path)
-    return 0
+    return EXIT_OK
+
+
+def _calibrate_args(p: argparse.ArgumentParser) -> None:
+    from orchestrator.calibration import add_calibrate_arguments
+
+    add_sweep_name(p)
+    add_results_dir(p)
+    add_calibrate_arguments(p)
+
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    from orchestrator.plan_cli import add_arguments
+
+    add_arguments(p)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from orchestrator.plan_cli import main
+
+    return main(args)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from orchestrator.calibration import run_calibrate
+
+    args.sweep = pick_ledger(args).parent.name
+    return run_calibrate(args)
+
+
+COMMANDS: list[Command] = [
+    Command("sweep", "run or resume a sweep",
+            "Run (or resume) the sweep a file describes: a baseline, then trials until the target is met and "
+            "confirmed, the budget is spent or the wall time is up. Rerun the same command to resume.",
+            _sweep_args, _sweep),
+    Command("report", "print a sweep's table and summary from its ledger",
+            "Print the ranked table and the summary of a sweep again, from its ledger alone.", _report_args, _report),
+    Command("export", "write a trial's config for the trainer and Megatron-LM",
+            "Write a trial's trainer YAML, Megatron-LM flags and summary.md (default: the best trial). A trial that "
+            "failed parity or the target is refused unless --force.", _export_args, _export),
+    Command("calibrate", "fit the planner to a sweep's measured trials",
+            "Fit the planner's efficiency parameters to a sweep's measured trials and write them as YAML, for "
+            "the memory pre-filter (prefilter.calibration) or the model backend.", _calibrate_args, _calibrate),
+    Command("plan", "predict one config with the planner (no sweep)",
+            "One config in, the planner's prediction out: the breakdown along the critical path, memory per "
+            "pipeline stage, MFU with its peak basis, the band, and the file's target judged at the point and at "
+            "the band's upper end. key=value changes a knob or planner.<section>.<field>.", _plan_args, _plan),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="steptune", description="steptune: make distributed LLM training updates "
+                                     "faster without changing what the model learns (also: python -m orchestrator)",
+                                     epilog="steptune COMMAND --help says more; docs/cli.md has examples.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for c in COMMANDS:
+        p = sub.add_parser(c.name, help=c.help, description=c.description)
+        c.add_arguments(p)
+        p.set_defaults(run=c.run)
+    return parser
+
+
+# ---- output -----------------------------------------------------------------------------------------
+
+class ConsoleHandler(logging.Handler):
+    """Log lines on stderr, one per message; on a terminal the sweep's ticking status line is cleared first.
+
+    stdout carries only what a command produces (the table, the exported paths), so it can be piped.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            stream = sys.stderr  # looked up per line: tests swap it
+            prefix = f"{record.levelname.lower()}: " if record.levelno >= logging.WARNING else ""
+            if stream.isatty():
+                stream.write("\r\033[K")
+            stream.write(prefix + self.format(record) + "\n")
+            stream.flush()
+        except Exception:
+            self.handleError(record)
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """The orchestrator's module loggers to the console (once per process, however often main() runs)."""
+    logger = logging.getLogger("orchestrator")
+    for h in [h for h in logger.handlers if isinstance(h, ConsoleHandler)]:
+        logger.removeHandler(h)
+    logger.addHandler(ConsoleHandler())
+    logger.setLevel(level)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    setup_logging()
+    try:
+        return args.run(args)
+    except (ValueError, OSError) as e:  # bad input: one line naming the field or file, nothing launched
+        log.error("%s", e)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

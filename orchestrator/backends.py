@@ -12,6 +12,7 @@ a *runner* (``slots``, ``submit(slot, cfg)``, ``poll(timeout)``, ``close()``).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import time
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from orchestrator.space import Space, params_for, suggest
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -198,20 +201,19 @@ def configs_for(cfg: Any) -> TrainerConfigs | PlannerConfigs:
 class RayRunner:
     """Real runs on ``slots`` warm worker groups (one trial per group at a time)."""
 
-    def __init__(self, cfg: Any, configs: TrainerConfigs, log: Any = print):
+    def __init__(self, cfg: Any, configs: TrainerConfigs):
         from orchestrator import workers
 
         res = cfg.resources
-        self.where = workers.connect(cfg.ray.address, _runtime_env(cfg), num_cpus=int(
-            math.ceil(res.world_size * res.cpus_per_rank)), temp_dir=cfg.ray.temp_dir, dashboard=cfg.ray.dashboard)
+        self.where = _connect(cfg)
         n = workers.groups_that_fit(res.world_size, res.cpus_per_rank, res.gpus_per_rank, res.concurrent_trials)
         if n < res.concurrent_trials:
-            log(f"note: the cluster holds {n} worker group(s) of {res.world_size} ranks, not "
-                f"resources.concurrent_trials={res.concurrent_trials}; running {n} at a time")
+            log.info(f"note: the cluster holds {n} worker group(s) of {res.world_size} ranks, not "
+                     f"resources.concurrent_trials={res.concurrent_trials}; running {n} at a time")
         self.groups = [workers.WorkerGroup(res.world_size, res.cpus_per_rank, res.gpus_per_rank, res.placement,
                                            configs.device, start_timeout_s=max(60.0, res.trial_timeout_s))
                        for _ in range(n)]
-        self.timeout_s, self.log = res.trial_timeout_s, log
+        self.timeout_s = res.trial_timeout_s
         self._cfgs: dict[int, Any] = {}
         # After a failure the group is killed at once; the other ranks' pending results then die unread, on
         # purpose. Ray would log each as an "unhandled error".
@@ -237,7 +239,7 @@ class RayRunner:
         try:
             self.groups[slot].submit(cfg.to_dict(), self.timeout_s)
         except GroupStartError as e:
-            self.log(f"warning: rebuilding worker group {slot} failed ({e}); trying once more")
+            log.warning(f"rebuilding worker group {slot} failed ({e}); trying once more")
             self.groups[slot].submit(cfg.to_dict(), self.timeout_s)
         self._cfgs[slot] = cfg
 
@@ -256,6 +258,26 @@ class RayRunner:
     def close(self) -> None:
         for g in self.groups:
             g.kill()
+
+
+def join(cfg: Any) -> None:
+    """Join Ray before the sweep writes anything; a ray.address nothing answers at is bad input (ValueError)."""
+    if cfg.backend != "ray":
+        return
+    from orchestrator.workers import GroupStartError
+
+    try:
+        _connect(cfg)
+    except GroupStartError as e:
+        raise ValueError(str(e)) from None
+
+
+def _connect(cfg: Any) -> str:
+    from orchestrator import workers
+
+    res = cfg.resources
+    return workers.connect(cfg.ray.address, _runtime_env(cfg), temp_dir=cfg.ray.temp_dir, dashboard=cfg.ray.dashboard,
+                           num_cpus=int(math.ceil(res.world_size * res.cpus_per_rank)))
 
 
 def _runtime_env(cfg: Any) -> dict | None:
@@ -289,9 +311,11 @@ def _outcome(cfg: Any, run: Any) -> RunOutcome:
         return RunOutcome("nan", text, wall_s=run.wall_s)
     if isinstance(cause, MemoryError) or "out of memory" in str(cause).lower() or "OutOfMemory" in type(cause).__name__:
         return RunOutcome("oom", text, wall_s=run.wall_s)
-    if run.kind == "lost_rank":  # Ray's own text is a page of possible causes; its first sentence says it
-        first = str(cause).strip().split(". ")[0][:200]
-        return RunOutcome("failed", f"lost a rank: {first} ({notes})", wall_s=run.wall_s)
+    if run.kind == "lost_rank":  # Ray's own text is a page of possible causes: its first sentence leads, for
+        # the progress line and the table (report.one_line); the page follows, for the ledger.
+        page = str(cause).strip()
+        first = page.splitlines()[0].split(". ")[0] if page else type(cause).__name__
+        return RunOutcome("failed", f"lost a rank: {first} ({notes})\n{page}", wall_s=run.wall_s)
     return RunOutcome("failed", text, wall_s=run.wall_s)
 
 
@@ -313,7 +337,7 @@ class ModelRunner:
     slots, builds = 1, 0
     where = "the planner (predictions, not measurements)"
 
-    def __init__(self, cfg: Any, configs: PlannerConfigs, log: Any = print):
+    def __init__(self, cfg: Any, configs: PlannerConfigs):
         self._pl = configs._pl
         self._done: list[tuple[int, RunOutcome]] = []
 
@@ -337,5 +361,5 @@ class ModelRunner:
         pass
 
 
-def runner_for(cfg: Any, configs: Any, log: Any = print) -> RayRunner | ModelRunner:
-    return ModelRunner(cfg, configs, log) if cfg.backend == "model" else RayRunner(cfg, configs, log)
+def runner_for(cfg: Any, configs: Any) -> RayRunner | ModelRunner:
+    return ModelRunner(cfg, configs) if cfg.backend == "model" else RayRunner(cfg, configs)

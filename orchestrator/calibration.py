@@ -25,7 +25,7 @@ PHASE_METRICS = {"forward": "forward_s", "backward": "backward_incl_recompute_s"
                  "dp_comm_wait": "dp_exposed_s", "pipeline_idle": "pp_idle_s"}
 """The trainer's phases (per rank, summed over microbatches; max over ranks) and the planner's names."""
 METRICS = ("step_time_s", "peak_memory_bytes") + tuple(PHASE_METRICS.values())
-CPU_FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "pp_bw_eff", "dp_bw_eff", "dp_overlap_microbatches",
+CPU_FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "pp_bw_eff", "dp_bw_eff",
            "optimizer_bw_eff", "mem_activation_factor")
 """Fitted by default: what trials on one host can tell apart. Tensor parallelism is never used by the
 trainer (tp_bw_eff, tp_overlap stay as given), and the CPU memory measurement has no runtime overhead to
@@ -178,33 +178,27 @@ def load_calibration(path: str | Path) -> Efficiency:
 DEFAULT_CLUSTER = "search_spaces/clusters/cpu-local.yaml"
 
 
-def calibrate_main(argv: Sequence[str] | None = None) -> int:
-    """``calibrate --sweep NAME [--results-dir results] [--cluster FILE] [--out FILE.yaml] [...]``."""
-    from orchestrator.prefilter import load_cluster
-
-    p = argparse.ArgumentParser(prog="python -m orchestrator calibrate",
-                                description="fit the planner's efficiency parameters to a sweep's measured trials")
-    p.add_argument("--sweep", default="default", help="sweep name (default: default)")
-    p.add_argument("--results-dir", "--results", dest="results_dir", default="results",
-                   help="results directory (default: results)")
+def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
+    """calibrate's own flags (``steptune calibrate`` adds the shared --sweep and --results-dir)."""
     p.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"cluster file (default: {DEFAULT_CLUSTER})")
     p.add_argument("--out", help="write the calibrated efficiency here (default: results/<sweep>/calibration.yaml)")
     p.add_argument("--fit", help=f"comma-separated efficiency fields to fit (default: {','.join(CPU_FIT)})")
     p.add_argument("--include", default="ok",
                    help="comma-separated ledger statuses to use (default: ok; e.g. ok,infeasible,pruned)")
-    args = p.parse_args(argv)
-    try:
-        fit = [f.strip() for f in args.fit.split(",") if f.strip()] if args.fit else None
-        for name in fit or ():
-            if name not in BOUNDS:
-                raise ValueError(f"--fit: {name!r} is not fittable; choose from {', '.join(BOUNDS)}")
-        cluster, prior = load_cluster(args.cluster)
-        ledger = Path(args.results_dir) / args.sweep / "trials.jsonl"
-        cal = calibrate_from_ledger(ledger, cluster, prior, fit=fit,
-                                    statuses=tuple(s.strip() for s in args.include.split(",") if s.strip()))
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """Fit, print and write; a ValueError names the flag or file that is wrong."""
+    from orchestrator.prefilter import load_cluster
+
+    fit = [f.strip() for f in args.fit.split(",") if f.strip()] if args.fit else None
+    for name in fit or ():
+        if name not in BOUNDS:
+            raise ValueError(f"--fit: {name!r} is not fittable; choose from {', '.join(BOUNDS)}")
+    cluster, prior = load_cluster(args.cluster)
+    ledger = Path(args.results_dir) / args.sweep / "trials.jsonl"
+    cal = calibrate_from_ledger(ledger, cluster, prior, fit=fit,
+                                statuses=tuple(s.strip() for s in args.include.split(",") if s.strip()))
     print(f"calibrated the planner on {cal.n_records} measured trials of {ledger} ({args.cluster})")
     print()
     print(format_calibration(cal))
@@ -215,6 +209,20 @@ def calibrate_main(argv: Sequence[str] | None = None) -> int:
     print(f"  prefilter: {{enabled: true, cluster: {args.cluster}, calibration: {out}, memory_budget_gb: <GiB>}}")
     return 0
 
+
+def calibrate_main(argv: Sequence[str] | None = None) -> int:
+    """``calibrate --sweep NAME [--results-dir results] [--cluster FILE] [--out FILE.yaml] [...]``."""
+    p = argparse.ArgumentParser(prog="steptune calibrate",
+                                description="fit the planner's efficiency parameters to a sweep's measured trials")
+    p.add_argument("--sweep", default="default", help="sweep name (default: default)")
+    p.add_argument("--results-dir", "--results", dest="results_dir", default="results",
+                   help="results directory (default: results)")
+    add_calibrate_arguments(p)
+    try:
+        return run_calibrate(p.parse_args(argv))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 if __name__ == "__main__":
     raise SystemExit(calibrate_main())

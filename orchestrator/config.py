@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from orchestrator.space import Space, enumerate_space, parse_space
 from orchestrator.target import Target, parse_target
 from trainer.mapping import build
 
+log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SWEEP = REPO_ROOT / "search_spaces" / "default.yaml"
 BACKENDS = ("ray", "model")
@@ -46,7 +49,9 @@ class SearchConfig:
 @dataclass(frozen=True)
 class SamplerConfig:
     kind: str = "tpe"
+    """Optuna sampler: tpe, random, cmaes, qmc or gp."""
     seed: Optional[int] = 0
+    """Sampler seed (null: a different search each run)."""
     multivariate: bool = True
     """TPE only: model the params jointly (with group decomposition for conditional params)."""
     n_startup_trials: int = 4
@@ -56,17 +61,22 @@ class SamplerConfig:
 @dataclass(frozen=True)
 class PruningConfig:
     enabled: bool = True
+    """Run a short probe of each trial (not the baseline or a confirm run) before its full measurement."""
     after_steps: int = 3
     """Measured (post warm-up) steps in the probe run."""
     slower_than_best: float = 1.5
-    """Prune when the probe's median step time exceeds this multiple of the best so far."""
+    """Prune when the probe's fastest measured update is slower than this multiple of the best step time so far
+    (the fastest, not the median: one slow update on a busy machine must not prune a good config)."""
 
 
 @dataclass(frozen=True)
 class ResourcesConfig:
     world_size: int = 2
+    """Ranks per trial; each trial's parallel.dp is world_size / parallel.pp."""
     cpus_per_rank: float = 1.0
+    """Ray CPUs reserved by each rank's actor."""
     gpus_per_rank: float = 0.0
+    """Ray GPUs reserved by each rank's actor: >= 1 with run.device=cuda, 0 with cpu."""
     trial_timeout_s: float = 120.0
     """Wall-clock limit of one run on the worker group; past it the group is killed and rebuilt."""
     concurrent_trials: int = 1
@@ -82,6 +92,7 @@ class RayConfig:
     address: Optional[str] = None
     """null: embedded local Ray; "auto" or "ray://host:10001" or "host:6379": an existing cluster."""
     dashboard: bool = False
+    """Start the embedded Ray's dashboard."""
     temp_dir: Optional[str] = None
     """Embedded Ray's session directory (default: <system temp>/steptune-ray)."""
     runtime_env: Optional[dict] = None
@@ -91,6 +102,7 @@ class RayConfig:
 @dataclass(frozen=True)
 class StorageConfig:
     results_dir: str = "results"
+    """Where the ledgers (<results_dir>/<name>/trials.jsonl) and the default Optuna and MLflow stores live."""
     optuna_url: Optional[str] = None
     """Any SQLAlchemy URL Optuna's RDBStorage takes; null: sqlite:///<results_dir>/optuna.db."""
     mlflow_uri: Optional[str] = None
@@ -100,30 +112,50 @@ class StorageConfig:
 @dataclass(frozen=True)
 class TrackingConfig:
     enabled: bool = True
+    """Mirror the sweep into MLflow (the ledger is written either way)."""
     experiment: str = "steptune"
+    """MLflow experiment name."""
 
 
 @dataclass(frozen=True)
 class SweepConfig:
     name: str = "default"
+    """Study name and results/<name>/ (letters, digits, '_', '-', '.')."""
     backend: str = "ray"
+    """ray: real multi-rank trials on Ray; model: the planner's predictions (needs planner:)."""
     description: str = ""
+    """Free text for the reader, kept with the sweep's record."""
     trainer: dict = field(default_factory=dict)
+    """Base trainer config (ray backend), merged over trainer_config's file."""
     trainer_config: Optional[str] = None
+    """A trainer YAML file for the base config, relative to the sweep file."""
     planner: dict = field(default_factory=dict)
+    """The planner's config (model backend only): cluster, model, job and the knob sections."""
     baseline: dict = field(default_factory=dict)
+    """Overrides (dotted or nested) that make the config you run today; measured first, it is the parity
+    reference and the speedup basis."""
     space: Space = None  # type: ignore[assignment]
+    """The search space, under space.params."""
     target: Target = field(default_factory=Target)
+    """Seconds per update to reach: step_time_s, relative_to_baseline or schedule (none: search the budget)."""
     enqueue: list = field(default_factory=list)
     """Param sets to try right after the baseline (flat dotted, in the space's terms)."""
     confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
+    """Repeat runs of a config that meets the target."""
     search: SearchConfig = field(default_factory=SearchConfig)
+    """The budget: trials and wall time."""
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    """How Optuna proposes the next config."""
     pruning: PruningConfig = field(default_factory=PruningConfig)
+    """Stop clearly slow trials after a short probe."""
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    """Ranks, Ray resources and limits of each trial."""
     ray: RayConfig = field(default_factory=RayConfig)
+    """Which Ray cluster to use."""
     storage: StorageConfig = field(default_factory=StorageConfig)
+    """Where results and the Optuna and MLflow stores go."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """MLflow mirroring."""
     prefilter: dict = field(default_factory=dict)
     """Memory pre-filter for real (ray) sweeps: {enabled, cluster, calibration, memory_budget_gb (GiB), margin};
     see orchestrator.prefilter.prefilter_from_settings."""
@@ -149,6 +181,7 @@ class SweepConfig:
 
 def load_sweep(path: str | Path | None = None, dotlist: list[str] | None = None, check: bool = True) -> SweepConfig:
     """Read a sweep file, apply ``key=value`` overrides, validate; ValueError names the field."""
+    import yaml
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -163,6 +196,9 @@ def load_sweep(path: str | Path | None = None, dotlist: list[str] | None = None,
         cli = OmegaConf.to_container(OmegaConf.from_dotlist(list(dotlist or [])), resolve=True)
     except (OmegaConfBaseException, ValueError) as e:
         raise ValueError(f"{path}: {e}") from None
+    except yaml.YAMLError as e:  # the parser's text spans lines; its position and problem fit in one
+        raise ValueError(f"{path}: not valid YAML{_yaml_where(e)}; fix the file (e.g. check its indentation "
+                         f"and quoting)") from None
     if not isinstance(base, dict):
         raise ValueError(f"{path}: expected a mapping at the top level")
     # A target given on the command line replaces the file's target of another kind instead of adding a second.
@@ -191,7 +227,19 @@ def from_dict(data: dict[str, Any], source: Path | None = None) -> SweepConfig:
     cfg = dataclasses.replace(cfg, space=space, target=target, source=str(source) if source else None, raw=raw,
                               baseline=flatten(cfg.baseline))  # nested or dotted keys both accepted
     _check_fields(cfg)
-    return cfg
+    return _cap_min_trials(cfg)
+
+
+def _cap_min_trials(cfg: SweepConfig) -> SweepConfig:
+    """A budget smaller than search.min_trials (e.g. ``search.n_trials=4`` on the default file) just works."""
+    s = cfg.search
+    if s.min_trials <= s.n_trials:
+        return cfg
+    log.warning("search.min_trials=%d is more than search.n_trials=%d; using search.min_trials=%d",
+                s.min_trials, s.n_trials, s.n_trials)
+    raw = dict(cfg.raw)
+    raw["search"] = {**(raw.get("search") or {}), "min_trials": s.n_trials}
+    return dataclasses.replace(cfg, search=dataclasses.replace(s, min_trials=s.n_trials), raw=raw)
 
 
 def _check_fields(cfg: SweepConfig) -> None:
@@ -217,9 +265,8 @@ def _check_fields(cfg: SweepConfig) -> None:
     for name, ok in checks:
         if not ok:
             raise ValueError(f"{name}={_get(cfg, name)!r} is out of range")
-    if not 0 <= cfg.search.min_trials <= cfg.search.n_trials:
-        raise ValueError(f"search.min_trials={cfg.search.min_trials} must be between 0 and search.n_trials="
-                         f"{cfg.search.n_trials}: lower search.min_trials or raise search.n_trials")
+    if cfg.search.min_trials < 0:
+        raise ValueError(f"search.min_trials={cfg.search.min_trials} must be 0 or more")
     if cfg.backend == "model" and not cfg.planner:
         raise ValueError("planner: backend: model needs a planner: section (the cluster and model to predict)")
     if cfg.backend == "ray" and cfg.planner:
@@ -233,6 +280,7 @@ def check_sweep(cfg: SweepConfig) -> None:
     """Everything that needs the trainer/planner: the baseline, the space's configs, the enqueued params."""
     from orchestrator import backends, parity
 
+    check_results_dir(cfg)
     configs = backends.configs_for(cfg)
     parity.check_space_is_throughput_only(cfg.space.override_keys)
     if cfg.prefilter:
@@ -262,6 +310,24 @@ def check_sweep(cfg: SweepConfig) -> None:
             configs.build(configs.overrides_for(cfg.space, entry))
         except ValueError as e:
             raise ValueError(f"enqueue[{i}] {_show(entry)}: {e}") from None
+
+
+def check_results_dir(cfg: SweepConfig) -> None:
+    """storage.results_dir must be (or become) a writable directory; checked without creating anything."""
+    where = Path(cfg.storage.results_dir).resolve()
+    existing = next(p for p in (where, *where.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"storage.results_dir={cfg.storage.results_dir}: {existing} is not a directory; "
+                         f"set storage.results_dir to a writable directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"storage.results_dir={cfg.storage.results_dir}: {existing} is not writable by this user; "
+                         f"set storage.results_dir to a writable directory")
+
+
+def _yaml_where(e: Exception) -> str:
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None)
+    return (f" at line {mark.line + 1}, column {mark.column + 1}" if mark else "") + (f": {problem}" if problem else "")
 
 
 def _show(params: dict[str, Any]) -> str:
@@ -309,7 +375,10 @@ def _read_yaml(path: Path, field_name: str) -> dict:
 
     if not path.is_file():
         raise ValueError(f"{field_name}: {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{field_name}: {path} is not valid YAML{_yaml_where(e)}; fix the file") from None
     if not isinstance(data, dict):
         raise ValueError(f"{field_name}: {path} must hold a mapping")
     return data

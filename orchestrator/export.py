@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from orchestrator.ledger import KINDS, Ledger
+from orchestrator.plan_verdict import verdict as plan_verdict, verdict_lines
 from orchestrator.megatron import format_args, megatron_args, megatron_args_for_plan
 from trainer.config import TrainConfig, flatten
 
@@ -123,9 +124,12 @@ def export_trial(ledger_path: Path, trial: int | None, out_dir: Path, force: boo
         config = record.get("config") or {}
         args, notes = megatron_args_for_plan(config)
         name, text = "plan.yaml", head + "# the cost model's plan this prediction is for (not a trainer config)\n"
-        par = config.get("parallel") or {}
-        world = f"tp {par.get('tp', 1)} x pp {par.get('pp', 1)} x dp {par.get('dp', 1)}"
-        nprocs = int(par.get("tp", 1)) * int(par.get("pp", 1)) * int(par.get("dp", 1))
+        from orchestrator.planner.parse import upgrade_plan_dict
+
+        par = upgrade_plan_dict(config).get("parallel") or {}
+        tp = (upgrade_plan_dict(config).get("tensor_parallel") or {}).get("size", 1)
+        world = f"tp {tp} x pp {par.get('pp', 1)} x dp {par.get('dp', 1)}"
+        nprocs = int(tp) * int(par.get("pp", 1)) * int(par.get("dp", 1))
         run = [f"- Megatron-LM: {nprocs} GPUs ({world}); for example `torchrun --nnodes N --nproc-per-node "
                f"<GPUs per node> pretrain_gpt.py $(cat megatron_args.txt)` plus your tokenizer, data, optimizer "
                f"and schedule flags"]
@@ -225,6 +229,7 @@ def summary_markdown(record: dict[str, Any], baseline: dict[str, Any] | None, co
     if predicted:
         lines += ["> **Predicted, not measured**: these numbers come from the cost model (backend `model`); "
                   "measure the config before relying on them.", ""]
+        lines += [f"- {line}" for line in verdict_lines(plan_verdict([record], None))] + [""]
     parity = record.get("parity")
     if parity is None:
         verdict = "not applicable (the baseline is the reference)" if record.get("kind") == "baseline" else (

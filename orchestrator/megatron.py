@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 
 from trainer.config import FsdpDP, ReplicateDP, SyntheticData, TokenFileData, TorchDDP, TrainConfig, flatten
+from trainer.knobs import PipelineConfig
+from trainer.mapping import build
 
 # steptune keeps gradients in fp32 (bf16 runs autocast with fp32 parameters), and Megatron reduces main
 # gradients in fp32 too (--accumulate-allreduce-grads-in-fp32), so a bucket of B bytes holds B / 4 of them.
@@ -86,13 +88,17 @@ def _data(cfg: TrainConfig, add, notes: list[str]) -> None:
 
 
 def _pipeline(cfg: TrainConfig, add, notes: list[str]) -> None:
-    pp, v = cfg.parallel.pp, cfg.pipeline.virtual_stages
+    _pipeline_flags(cfg.pipeline, cfg.parallel.pp, [len(s) for s in cfg.stage_layers()], add, notes)
+
+
+def _pipeline_flags(pipe: PipelineConfig, pp: int, counts: list[int], add, notes: list[str]) -> None:
+    """Shared by the trainer and the planner: both hold the same PipelineConfig and layers per model chunk."""
+    v = pipe.virtual_stages
     if pp == 1:
         return  # plain gradient accumulation: no schedule, no split
-    if cfg.pipeline.schedule == "gpipe":
+    if pipe.schedule == "gpipe":
         notes.append("not mapped: pipeline.schedule=gpipe; Megatron's non-interleaved pipeline always runs 1F1B "
                      "(same maths, less activation memory, different timing than the trial measured)")
-    counts = [len(s) for s in cfg.stage_layers()]
     if v > 1:
         if len(set(counts)) == 1:
             add("--num-layers-per-virtual-pipeline-stage", counts[0])
@@ -151,12 +157,12 @@ def _data_parallel(cfg: TrainConfig, add, notes: list[str]) -> None:
         notes.append(f"not mapped: data_parallel.prefetch={dpc.prefetch} (FSDP's all-gather prefetch depth; "
                      f"Megatron overlaps parameter gathers per bucket)")
     elif isinstance(dpc, TorchDDP):
-        n = _bucket_params(dpc.bucket_mb * 2 ** 20)
+        n = _bucket_params(dpc.bucket_mb * 1e6)
         add("--overlap-grad-reduce")
         add("--ddp-bucket-size", n)
         notes.append(f"differs: data_parallel.kind=torch_ddp -> Megatron's own DDP (not torch's "
                      f"DistributedDataParallel) with overlapped reduction, as torch DDP always overlaps; "
-                     f"bucket_mb={dpc.bucket_mb:g} is torch's MiB: {n} parameters = {dpc.bucket_mb:g} x 2^20 bytes "
+                     f"bucket_mb={dpc.bucket_mb:g} -> {n} parameters = {dpc.bucket_mb:g} x 10^6 bytes "
                      f"/ {GRAD_BYTES} bytes per fp32 gradient element")
 
 
@@ -228,7 +234,7 @@ def _run(cfg: TrainConfig, add, notes: list[str]) -> None:
 
 # Planner fields that only calibrate the cost model; they describe the cluster, not the training run.
 _PLAN_MODEL_ONLY = ("cluster.", "efficiency.")
-_PLAN_REQUIRED = ("model.num_layers", "model.hidden_size", "model.num_heads", "job.seq_len", "job.global_batch",
+_PLAN_REQUIRED = ("model.num_layers", "model.hidden_size", "model.num_heads", "job.seq_len", "batch.global_batch",
                   "batch.micro_batch_size")
 
 
@@ -238,6 +244,9 @@ def megatron_args_for_plan(plan: dict) -> tuple[list[str], list[str]]:
     reported as not mapped, so a new planner knob cannot disappear on the way to production."""
     args: list[str] = []
     notes: list[str] = []
+    from orchestrator.planner.parse import upgrade_plan_dict
+
+    plan = upgrade_plan_dict(plan)
     flat = flatten(plan)
     used: set[str] = set()
     missing = [k for k in _PLAN_REQUIRED if flat.get(k) is None]
@@ -267,14 +276,16 @@ def megatron_args_for_plan(plan: dict) -> tuple[list[str], list[str]]:
     notes.append(f"not mapped: model.flash_attention={str(get('model.flash_attention')).lower()}: Megatron "
                  f"picks the attention kernel itself (--attention-backend, default auto)")
     add("--micro-batch-size", get("batch.micro_batch_size"))
-    add("--global-batch-size", get("job.global_batch"))
-    tp, pp = int(get("parallel.tp", 1)), int(get("parallel.pp", 1))
+    add("--global-batch-size", get("batch.global_batch"))
+    tp, pp = int(get("tensor_parallel.size", 1)), int(get("parallel.pp", 1))
     add("--tensor-model-parallel-size", tp)
     add("--pipeline-model-parallel-size", pp)
-    if tp > 1 and get("parallel.sequence_parallel", False):
+    if tp > 1 and get("tensor_parallel.sequence_parallel", False):
         add("--sequence-parallel")
     get("parallel.dp")  # Megatron derives it: world size / (tp x pp)
-    _plan_pipeline(flat, get, add, notes, pp)
+    used.update(k for k in flat if k.startswith("pipeline."))
+    pipe = build(PipelineConfig, plan.get("pipeline") or {}, "pipeline")
+    _pipeline_flags(pipe, pp, pipe.split.counts(int(get("model.num_layers")), pp * pipe.virtual_stages), add, notes)
     _recompute({k.split(".", 1)[1]: get(k) for k in flat if k.startswith("recompute.")}, add, notes)
     _plan_data_parallel(get, add, notes)
     add("--bf16")
@@ -290,46 +301,32 @@ def megatron_args_for_plan(plan: dict) -> tuple[list[str], list[str]]:
     return args, notes
 
 
-def _plan_pipeline(flat: dict, get, add, notes: list[str], pp: int) -> None:
-    schedule, v = get("pipeline.schedule", "1f1b"), int(get("pipeline.virtual_stages", 1))
-    kind, first, last = get("pipeline.split.kind", "balanced"), get("pipeline.split.first"), get("pipeline.split.last")
-    if pp == 1:
-        return
-    if schedule == "gpipe":
-        notes.append("not mapped: pipeline.schedule=gpipe; Megatron's non-interleaved pipeline always runs 1F1B")
-    if kind == "first_last":
-        # The planner's first/last are per pipeline rank, with each rank's layers spread evenly over its
-        # virtual chunks: Megatron's meaning, which needs --num-virtual-stages-per-pipeline-rank with them.
-        if v > 1:
-            add("--num-virtual-stages-per-pipeline-rank", v)
-        add("--decoder-first-pipeline-num-layers", first)
-        add("--decoder-last-pipeline-num-layers", last)
-    elif v > 1:
-        add("--num-layers-per-virtual-pipeline-stage", int(get("model.num_layers")) // (pp * v))
-
-
 def _plan_data_parallel(get, add, notes: list[str]) -> None:
-    overlap, gather = get("data_parallel.overlap_grad_reduce", False), get("data_parallel.overlap_param_gather", False)
-    if get("data_parallel.distributed_optimizer", False):
+    kind = get("data_parallel.kind", "replicate")
+    overlap = get("data_parallel.overlap_grad_reduce", False) or kind == "torch_ddp"
+    gather = get("optimizer.overlap_param_gather", False)
+    if get("optimizer.distributed", False):
         add("--use-distributed-optimizer")
     if overlap:
         add("--overlap-grad-reduce")
     if gather and overlap:
         add("--overlap-param-gather")
     elif gather:
-        notes.append("not mapped: data_parallel.overlap_param_gather=true without overlap_grad_reduce: Megatron "
+        notes.append("not mapped: optimizer.overlap_param_gather=true without overlap_grad_reduce: Megatron "
                      "accepts --overlap-param-gather only together with --overlap-grad-reduce")
-    dtype = get("data_parallel.grad_reduce_dtype", "fp32")
+    dtype = get("optimizer.grad_reduce_dtype", "fp32")
     if dtype == "bf16":
         add("--grad-reduce-in-bf16")
     mb = get("data_parallel.bucket_mb")
     if mb is not None:
-        # The planner defines its bucket in MB of bf16 gradients (2 bytes per parameter), whatever dtype
-        # the reduction then runs in: its timing model counts bucket_mb * 1e6 / 2 elements.
-        n = max(1, int(round(float(mb) * 1e6 / 2)))
+        # MB of gradients in the dtype they are reduced in (trainer.knobs.ReplicateDP), as for a trainer config.
+        per = 2 if dtype == "bf16" else GRAD_BYTES
+        n = max(1, int(round(float(mb) * 1e6 / per)))
         add("--ddp-bucket-size", n)
         notes.append(f"converted: data_parallel.bucket_mb={float(mb):g} -> --ddp-bucket-size {n} parameters "
-                     f"(the planner's MB of bf16 gradients: {float(mb):g} x 10^6 bytes / 2 bytes per element)")
+                     f"({float(mb):g} x 10^6 bytes / {per} bytes per {dtype} gradient element)")
+    if kind == "fsdp":
+        notes.append("differs: data_parallel.kind=fsdp is predicted only at dp = 1 (nothing to shard)")
 
 
 def _fmt(v: object) -> str:

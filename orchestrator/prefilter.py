@@ -7,7 +7,8 @@ pre-filter says so and the trial runs, since only a prediction may stop a launch
 
 What the trainer measures on CPU (``trainer/run.py``) is parameter + gradient + optimizer-state bytes plus
 the peak of saved-activation bytes; the planner's ``job.precision`` modes ``fp32`` and ``bf16_autocast``
-reproduce the first three exactly (the README, "Calibrating the planner to real trials", gives the measured activation error).
+reproduce the first three exactly (docs/planner.md, "Accuracy against the real trainer", gives the measured
+activation error).
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from orchestrator.planner import (BalancedSplit, BatchConfig, ClusterSpec, DataParallelConfig, Efficiency,
-                                  FirstLastSplit, FullRecompute, JobSpec, ModelSpec, NoRecompute,
-                                  ParallelConfig, PipelineConfig, PlanConfig, SelectiveRecompute)
+from orchestrator.planner import ClusterSpec, Efficiency, JobSpec, ModelSpec, PlanConfig
+from orchestrator.planner.config import OptimizerSharding, TensorParallel
 from orchestrator.planner.knobs import Consts, encode
 from orchestrator.planner.memory import stage_memory
 from orchestrator.planner.parse import plan_config_from_dict
+from orchestrator.units import fmt_bytes as _fmt
 
 REASON_PREFIX = "prefilter:"
 """Every reason the pre-filter writes starts with this, so a ledger's skipped lines can be told apart."""
@@ -55,65 +56,29 @@ def load_cluster(path: str | Path) -> tuple[ClusterSpec, Efficiency]:
 def plan_for_trial(train_cfg: Any, cluster: ClusterSpec, efficiency: Efficiency | None = None) -> PlanConfig:
     """The planner's view of a trainer config on ``cluster`` (its GPU count becomes the trial's pp x dp).
 
-    Raises ValueError (naming the trainer field) for what the planner cannot represent: FSDP with dp > 1,
-    and layer splits that are not "first, equal middle stages, last" per pipeline rank with equal model
-    chunks on each rank. ``mapping_notes`` lists the approximations made for everything else.
+    The knob sections (batch, parallel, pipeline, recompute, data_parallel) are the trainer's own objects,
+    passed through: they mean the same to both. What the planner cannot represent (FSDP with dp > 1, a
+    rank holding model chunks of unequal size) raises ValueError naming the field; ``mapping_notes`` lists
+    the approximations made for everything else.
     """
-    from trainer.config import FsdpDP, FullRecompute as TFull, SelectiveRecompute as TSel, TorchDDP
-
-    m, par, pipe = train_cfg.model, train_cfg.parallel, train_cfg.pipeline
+    m, par = train_cfg.model, train_cfg.parallel
     model = ModelSpec(num_layers=m.n_layers, hidden_size=m.d_model, num_heads=m.n_heads, ffn_hidden_size=m.ffn_dim,
                       vocab_size=m.vocab_size, tied_embeddings=False, linear_biases=False,
                       # CPU and CUDA SDPA pick fused kernels that keep no s x s scores (measured on CPU:
                       # ScaledDotProductFlashAttentionForCpu), which is what flash_attention models.
                       flash_attention=True, position_embeddings=m.seq_len)
-    job = JobSpec(global_batch=train_cfg.batch.global_batch, seq_len=m.seq_len,
-                  precision="fp32" if train_cfg.run.precision == "fp32" else "bf16_autocast")
-    dpc = train_cfg.data_parallel
-    if isinstance(dpc, FsdpDP) and par.dp > 1:
-        raise ValueError("data_parallel.kind=fsdp: the planner models replicated parameters and gradients "
-                         "(Megatron's distributed optimizer shards only optimizer state); not predicted")
-    if par.dp > 1 and not isinstance(dpc, FsdpDP):
-        overlap = True if isinstance(dpc, TorchDDP) else dpc.overlap_grad_reduce
-        # The trainer's buckets hold bucket_mb MB of fp32 gradients; the planner's bucket_mb counts bf16 ones.
-        dp = DataParallelConfig(overlap_grad_reduce=overlap, bucket_mb=dpc.bucket_mb / 2.0,
-                                distributed_optimizer=False, grad_reduce_dtype="fp32")
-    else:
-        dp = DataParallelConfig(distributed_optimizer=False, grad_reduce_dtype="fp32")
-    rc = train_cfg.recompute
-    if isinstance(rc, TFull):
-        recompute: Any = FullRecompute(method=rc.method, num_layers=rc.num_layers)
-    elif isinstance(rc, TSel):
-        recompute = SelectiveRecompute(modules=tuple(rc.modules))
-    else:
-        recompute = NoRecompute()
+    job = JobSpec(seq_len=m.seq_len, precision="fp32" if train_cfg.run.precision == "fp32" else "bf16_autocast")
+    pipeline = train_cfg.pipeline
     if par.pp == 1:
         # Without a pipeline the trainer accumulates microbatches one at a time, whatever the schedule says:
         # one microbatch in flight, which is the planner's 1F1B on a single stage.
-        pipeline = PipelineConfig(schedule="1f1b")
-    else:
-        pipeline = PipelineConfig(schedule=pipe.schedule, virtual_stages=pipe.virtual_stages,
-                                  split=_split_for(train_cfg.stage_layers(), par.pp, pipe.virtual_stages))
+        pipeline = dataclasses.replace(pipeline, schedule="1f1b", virtual_stages=1)
     return PlanConfig(cluster=dataclasses.replace(cluster, num_gpus=par.pp * par.dp), model=model, job=job,
-                      efficiency=efficiency or Efficiency(),
-                      parallel=ParallelConfig(tp=1, pp=par.pp, dp=par.dp, sequence_parallel=False),
-                      batch=BatchConfig(micro_batch_size=train_cfg.batch.micro_batch_size), pipeline=pipeline,
-                      recompute=recompute, data_parallel=dp)
-
-
-def _split_for(chunks: list[list[int]], pp: int, v: int) -> BalancedSplit | FirstLastSplit:
-    """Per-rank layer counts as the planner's split (chunk c lives on rank c % pp, the trainer's placement)."""
-    sizes = [[len(chunks[r + k * pp]) for k in range(v)] for r in range(pp)]
-    if any(len(set(s)) > 1 for s in sizes):
-        raise ValueError(f"pipeline.split: model chunks of unequal size on one rank {sizes} (layers per chunk, "
-                         f"per rank); the planner gives each rank's chunks equal layers; not predicted")
-    counts = [sum(s) for s in sizes]
-    if len(set(counts)) == 1:
-        return BalancedSplit()
-    if len(set(counts[1:-1])) <= 1:
-        return FirstLastSplit(first=counts[0], last=counts[-1])
-    raise ValueError(f"pipeline.split: layers per rank {counts} are not first / equal middle / last; "
-                     f"the planner cannot represent them; not predicted")
+                      efficiency=efficiency or Efficiency(), parallel=par,
+                      tensor_parallel=TensorParallel(size=1, sequence_parallel=False), batch=train_cfg.batch,
+                      pipeline=pipeline, recompute=train_cfg.recompute, data_parallel=train_cfg.data_parallel,
+                      # The trainer: plain AdamW on every replica, fp32 gradients.
+                      optimizer=OptimizerSharding(distributed=False, grad_reduce_dtype="fp32"))
 
 
 def mapping_notes(train_cfg: Any) -> list[str]:
@@ -204,13 +169,6 @@ class MemoryPrefilter:
     def summary(self) -> str:
         return (f"memory pre-filter: {self.checked} configs checked, {self.skipped} not launched (predicted over "
                 f"{_fmt(self.budget_bytes)}), {self.not_predicted} launched without a prediction")
-
-
-def _fmt(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
 
 
 # ---- the sweep's prefilter: section ------------------------------------------------------------

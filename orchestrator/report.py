@@ -11,15 +11,17 @@ from typing import Any, TextIO
 
 from orchestrator import ledger as L
 from orchestrator import parity
+from orchestrator.plan_verdict import verdict, verdict_lines
 from orchestrator.prefilter import prefilter_summary, prefilter_summary_text
 from orchestrator.target import Target
+from orchestrator.units import fmt_bytes
 
 _SHORT = {"batch.micro_batch_size": "mbs", "parallel.pp": "pp", "pipeline.schedule": "sched",
           "pipeline.virtual_stages": "v", "pipeline.split.first": "first", "pipeline.split.last": "last",
           "data_parallel.overlap_grad_reduce": "overlap", "data_parallel.bucket_mb": "bucket_mb",
           "data_parallel.kind": "dp", "recompute.kind": "recompute", "recompute.num_layers": "rc_layers",
           "recompute.method": "rc_method", "pipeline.split.kind": "split",
-          "data_parallel.overlap_param_gather": "param_gather"}
+          "optimizer.overlap_param_gather": "param_gather", "data_parallel.overlap_param_gather": "param_gather"}
 
 
 def short_params(params: dict[str, Any]) -> str:
@@ -35,14 +37,14 @@ def secs(v: float | None, predicted: bool = False) -> str:
     return "~" + s if predicted else s
 
 
-def _mem(b: int | float | None) -> str:
-    if not b:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if b < 1024 or unit == "TiB":
-            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
-        b /= 1024
-    return "-"
+def one_line(reason: str | None, width: int = 120) -> str:
+    """A reason as the progress line and the table show it: its first line, cut to ``width``.
+
+    Reasons lead with a one-line summary; what follows (Ray's page on a dead worker, say) stays in the ledger.
+    """
+    first = next((ln.strip() for ln in (reason or "").splitlines() if ln.strip()), "")
+    first = " ".join(first.split())
+    return first if len(first) <= width else first[:width - 3] + "..."
 
 
 def _parity(r: dict) -> str:
@@ -71,8 +73,8 @@ def table(records: list[dict], limit: int | None = None) -> str:
         body.append([str(i + 1) if r["status"] == "ok" else "-", str(r["trial"]), r["kind"],
                      secs(m.get("step_time_s"), pred),
                      f"{m['speedup_vs_baseline']:.2f}x" if m.get("speedup_vs_baseline") else "-",
-                     _mem(m.get("peak_memory_bytes")), f"{mfu:.1%}" if mfu is not None else "-", _parity(r), status,
-                     short_params(r["params"]) if r["status"] in ("ok", "pruned") else (r["reason"] or "")[:90]])
+                     fmt_bytes(m.get("peak_memory_bytes")), f"{mfu:.1%}" if mfu is not None else "-", _parity(r), status,
+                     short_params(r["params"]) if r["status"] in ("ok", "pruned") else one_line(r["reason"], 90)])
     if limit is not None:
         body = body[:limit]
     widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(head)]
@@ -107,6 +109,7 @@ def summarize(records: list[dict], target: Target, repeats: int) -> dict[str, An
         "prefilter": prefilter_summary(records),
         "numerics": parity.numerics_note(best["params"], base["params"], best["parity"]) if best and base else None,
         "breakdowns": _breakdowns(records, target_s) if rows and rows[0]["backend"] == "model" else [],
+        "verdict": verdict(records, target_s),
     }
 
 
@@ -153,6 +156,7 @@ def summary_text(s: dict[str, Any]) -> str:
         gap = f"{secs(abs(d), pred)} ({abs(d) / s['target_s']:.1%})"
         out.append(f"target not met: best is {gap} above it" if d > 0 else
                    f"target not met: best is {gap} under it, but a repeat run did not confirm it")
+    out.extend(verdict_lines(s.get("verdict")))  # model backend: band, robust or point only, efficiency basis
     if s.get("numerics"):
         out.append(s["numerics"])
     if s.get("breakdowns"):
@@ -209,7 +213,7 @@ class Progress:
         if m.get("speedup_vs_baseline"):
             what += f" ({m['speedup_vs_baseline']:.2f}x)"
         tail = f" parity {_parity(r)}" if r.get("parity") else ""
-        why = f" - {r['reason']}" if r["reason"] else ""
+        why = f" - {one_line(r['reason'])}" if r["reason"] else ""
         label = f"{r['kind']} {r['trial']}" + (f" repeat {r['repeat']}" if r["kind"] == "confirm" else "")
         self._write(f"[{done:>3}/{self.budget}] {label} {r['status']}: {what}{tail}{why} | "
                     f"best {best} | target {target} | {time.perf_counter() - self.t0:.0f} s")
@@ -221,5 +225,3 @@ class Progress:
                               f"{time.perf_counter() - self.t0:.0f} s")
             self.stream.flush()
 
-    def note(self, line: str) -> None:
-        self._write(line)

@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterator, Mapping
 
 import optuna
 
+from trainer.layout import split_counts
+
 TYPES = ("categorical", "int", "float", "layer_split")
 _KEYS = {
     "categorical": {"choices", "when", "default"},
@@ -263,9 +265,11 @@ def feasible_splits(p: Param, n_layers: int, n_stages: int) -> list[tuple[int, i
     n_mid = n_stages - 2
     for first in range(p.first[0], p.first[1] + 1):
         for last in range(p.last[0], p.last[1] + 1):
-            rest = n_layers - first - last
-            if (n_mid == 0 and rest == 0) or (n_mid > 0 and rest >= n_mid and rest % n_mid == 0):
-                pairs.append((first, last))
+            try:
+                split_counts(n_layers, n_stages, first=first, last=last)  # the one split rule
+            except ValueError:
+                continue
+            pairs.append((first, last))
     if not pairs:
         raise ValueError(
             f"{p.name}: no first in {list(p.first)} and last in {list(p.last)} leaves the other {n_mid} of "

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import statistics
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator
+from typing import Any, Generator
 
 import optuna
 import yaml
@@ -29,6 +30,9 @@ from orchestrator import ledger as L
 from orchestrator.config import SweepConfig, prefilter_base_dir
 from orchestrator.prefilter import REASON_PREFIX, prefilter_from_settings
 from orchestrator.space import suggest
+from orchestrator.units import fmt_bytes
+
+log = logging.getLogger(__name__)
 
 PENALTY_FACTOR = 10.0
 """A run that produced no step time is told as this multiple of the baseline's (plus a constraint)."""
@@ -54,13 +58,12 @@ class Job:
 
 
 class Sweep:
-    def __init__(self, cfg: SweepConfig, out: Callable[[str], None] | None = None):
+    def __init__(self, cfg: SweepConfig):
         self.cfg = cfg
         self.configs = backends.configs_for(cfg)
         cfg.results_dir.mkdir(parents=True, exist_ok=True)
         self.ledger = L.Ledger(cfg.results_dir / "trials.jsonl")
         self.progress = report.Progress(cfg.search.n_trials)
-        self.say = out or self.progress.note
         self.records = self.ledger.read()
         self.study = self._open_study()
         self.tracker, self.parent = self._open_tracker()
@@ -101,7 +104,7 @@ class Sweep:
             study.set_user_attr("fingerprint", fp)
         elif known != fp:
             raise SweepError(f"study {self.cfg.name!r} in {self.cfg.optuna_url} was made with another backend, "
-                             f"baseline, space or world size; use a new name=..., or delete results/{self.cfg.name} "
+                             f"baseline, space or world size; use a new name=..., or delete {self.cfg.results_dir} "
                              f"and the study to start over")
         return study
 
@@ -114,7 +117,7 @@ class Sweep:
             tracker = Tracker(self.cfg.mlflow_uri, self.cfg.tracking.experiment)
             return tracker, tracker.start_sweep(self.cfg.name, self.cfg.raw, self.cfg.target.seconds(self.baseline_s))
         except Exception as e:  # tracking mirrors the ledger; the sweep does not depend on it
-            self.say(f"warning: MLflow tracking is off for this sweep: {type(e).__name__}: {e}")
+            log.warning("MLflow tracking is off for this sweep: %s: %s", type(e).__name__, e)
             return None, None
 
     def _track(self, what: str, *args: Any) -> None:
@@ -122,7 +125,7 @@ class Sweep:
             try:
                 getattr(self.tracker, what)(self.parent, *args)
             except Exception as e:
-                self.say(f"warning: MLflow {what} failed ({type(e).__name__}: {e}); the ledger has it")
+                log.warning("MLflow %s failed (%s: %s); the ledger has it", what, type(e).__name__, e)
 
     def recover(self) -> None:
         """Trials a dead driver left RUNNING: told from the ledger if their line made it, else failed + re-queued."""
@@ -130,12 +133,12 @@ class Sweep:
         for ft in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if ft.number in lines:
                 self._tell(optuna.trial.Trial(self.study, ft._trial_id), lines[ft.number])
-                self.say(f"resumed: trial {ft.number} was measured before the driver stopped; told from the ledger")
+                log.info(f"resumed: trial {ft.number} was measured before the driver stopped; told from the ledger")
             else:
                 # A kill can land between ask() and the last suggest (each one a storage write): then only the
                 # params drawn so far are queued again, and the sampler draws the rest when the trial is re-asked.
                 self._requeue(ft.number, ft.params, ft.user_attrs)
-                self.say(f"resumed: trial {ft.number} was interrupted; its params are queued again"
+                log.info(f"resumed: trial {ft.number} was interrupted; its params are queued again"
                          + ("" if ft.params else " (it was killed before any was drawn)"))
         waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
         if self.baseline_s is None and not any(t.user_attrs.get("kind") == "baseline" for t in waiting):
@@ -163,9 +166,9 @@ class Sweep:
         if (self.cfg.target.seconds(self.baseline_s) is not None
                 and L.confirmed_winner(self.records, self.cfg.confirm.repeats)):
             self._target_reached("the target was already met and confirmed")
-        runner = None if self.stop_reason else backends.runner_for(self.cfg, self.configs, self.say)
+        runner = None if self.stop_reason else backends.runner_for(self.cfg, self.configs)
         startup = time.perf_counter() - t0
-        self.say(f"sweep {self.cfg.name}: {self.cfg.backend} backend on {runner.where if runner else '-'}; "
+        log.info(f"sweep {self.cfg.name}: {self.cfg.backend} backend on {runner.where if runner else '-'}; "
                  f"target {self.cfg.target.describe(self.baseline_s)}")
         active: dict[int, Job] = {}
         try:
@@ -219,7 +222,12 @@ class Sweep:
             trial = self.study.ask()
             kind = trial.user_attrs.get("kind", "trial")
             if kind == "trial" and self.baseline_s is None:
-                raise SweepError("no baseline measurement to compare against (its trial did not finish ok)")
+                # Not this trial's fault: it goes back to the queue (FAIL is not counted), behind the baseline.
+                self._requeue(trial.number, trial.params, trial.user_attrs)
+                if not any(t.user_attrs.get("kind") == "baseline"
+                           for t in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
+                    raise SweepError("no baseline measurement to compare against (its trial did not finish ok)")
+                continue
             job = Job(kind, trial.number, {}, None, trial)
             try:
                 job.params, overrides = suggest(trial, self.cfg.space, self.configs.fixed, self.configs.split_context)
@@ -327,8 +335,8 @@ class Sweep:
             return status, reason, metrics, verdict  # a reference run: no budget applies to it
         budget = self.cfg.resources.memory_budget_gb
         if status == "ok" and budget and (metrics.get("peak_memory_bytes") or 0) > budget * 2**30:
-            peak = metrics["peak_memory_bytes"] / 2**30
-            status, reason = "infeasible", f"peak memory {peak:.2f} GiB > {budget:g} GiB"
+            status, reason = "infeasible", (f"memory: peak {fmt_bytes(metrics['peak_memory_bytes'])}"
+                                            f" > resources.memory_budget_gb={budget:g} GiB")
         return status, reason, metrics, verdict
 
     def _finish(self, job: Job, outcome: Any, same: dict | None = None, **extra: Any) -> dict:
@@ -383,8 +391,9 @@ class Sweep:
         if status == "infeasible" and (reason or "").startswith("parity: "):
             raise SweepError(f"{what} (trial {job.number}) failed parity: {reason[len('parity: '):]}")
         if status != "ok":
-            raise SweepError(f"{what} (trial {job.number}) did not run: {status}: {reason}. Fix the baseline "
-                             f"config (or resources) first; rerunning retries it")
+            how = "ran but is infeasible" if status == "infeasible" else f"did not run: {status}"
+            raise SweepError(f"{what} (trial {job.number}) {how}: {reason}. Fix the baseline config (or "
+                             f"resources) first; it is queued again, and rerunning retries it")
         if job.kind == "canonical":
             return
         if not self.study.user_attrs.get("enqueued"):
@@ -417,7 +426,10 @@ class Sweep:
         for k, v in {"constraints": constraints, "status": line["status"], "reason": line["reason"]}.items():
             trial.set_user_attr(k, v)
         value = m.get("step_time_s") if m.get("step_time_s") and status not in ("oom", "nan") else PENALTY_FACTOR * base
-        if status == "pruned":
+        if line["kind"] == "baseline" and line["status"] != "ok":
+            # Not a point of the search: not counted against the budget, and the next run measures it again.
+            self._requeue(trial.number, trial.params, {"kind": "baseline"})
+        elif status == "pruned":
             trial.report(value, step=self.cfg.pruning.after_steps)
             self.study.tell(trial, state=TrialState.PRUNED)
         else:
@@ -452,11 +464,16 @@ def _sampler(cfg: SweepConfig) -> optuna.samplers.BaseSampler:
             group=s.multivariate and conditional, constant_liar=cfg.resources.concurrent_trials > 1)
 
 
-def run_sweep(cfg: SweepConfig, out: Callable[[str], None] | None = None) -> tuple[dict, list[dict]]:
-    """Run (or resume) the sweep; returns the summary and the ledger lines."""
+def run_sweep(cfg: SweepConfig) -> tuple[dict, list[dict]]:
+    """Run (or resume) the sweep; returns the summary and the ledger lines.
+
+    Nothing is written before Ray is joined (a bad ray.address leaves no store, lock or sweep.yaml behind), and
+    sweep.yaml only once the ledger and the study accepted this config, so a refused run keeps the old one.
+    """
+    backends.join(cfg)
     with L.Ledger(cfg.results_dir / "trials.jsonl").lock():
+        sweep = Sweep(cfg)
         # What `report` needs to judge the ledger again (the target, the confirm rule), beside the ledger.
         (cfg.results_dir / "sweep.yaml").write_text(yaml.safe_dump(cfg.raw, sort_keys=False))
-        sweep = Sweep(cfg, out)
         summary = sweep.run()
         return summary, sweep.records

@@ -258,13 +258,17 @@ def _trial_params(record: dict[str, Any]) -> dict[str, str]:
                        "n_microbatches": cfg.n_microbatches,
                        "stage_layers": ",".join(str(len(s)) for s in cfg.stage_layers())}
     except (ValueError, TypeError):  # a planner config (model backend): its own parallel layout
-        par, job = config.get("parallel") or {}, config.get("job") or {}
-        mbs = (config.get("batch") or {}).get("micro_batch_size")
+        from orchestrator.planner.parse import upgrade_plan_dict
+
+        plan = upgrade_plan_dict(config)
+        par, batch = {**(plan.get("parallel") or {}), "tp": (plan.get("tensor_parallel") or {}).get("size", 1)}, \
+            plan.get("batch") or {}
+        mbs, gbs = batch.get("micro_batch_size"), batch.get("global_batch")
         if all(isinstance(par.get(k), int) for k in ("tp", "pp", "dp")):
             derived = {"world_size": par["tp"] * par["pp"] * par["dp"], "tp": par["tp"], "pp": par["pp"],
                        "dp": par["dp"]}
-            if isinstance(job.get("global_batch"), int) and isinstance(mbs, int):
-                derived["n_microbatches"] = job["global_batch"] // (mbs * par["dp"])
+            if isinstance(gbs, int) and isinstance(mbs, int):
+                derived["n_microbatches"] = gbs // (mbs * par["dp"])
     params.update(_params({f"derived.{k}": v for k, v in derived.items()}))
     return params
 

@@ -10,6 +10,7 @@ before its next run rather than trusted again.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
@@ -24,6 +25,8 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trainer.result import RankResult
+
+log = logging.getLogger(__name__)
 
 
 class GroupStartError(RuntimeError):
@@ -50,17 +53,24 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, temp_dir: str | 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report from an embedded, private Ray
     ctx = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=dashboard, _temp_dir=str(temp),
                    log_to_driver=False, configure_logging=True, logging_level="WARNING")
+    _quiet_raylet_errors()
     return ctx.address_info["gcs_address"]
+
+
+_joined: str | None = None
+"""What connect() joined in this process, to name it again when it is reused."""
 
 
 def connect(address: str | None, runtime_env: dict | None, *, num_cpus: int, temp_dir: str | None,
             dashboard: bool) -> str:
     """Join ``address`` (an existing cluster) or start an embedded one; a Ray already up in this process is reused."""
+    global _joined
     if ray.is_initialized():
-        return "this process's Ray"
+        return _joined or "this process's Ray"
     if address is None:
-        return "embedded Ray at " + start_local_ray(max(num_cpus, os.cpu_count() or 1), temp_dir=temp_dir,
-                                                      dashboard=dashboard)
+        _joined = "embedded Ray at " + start_local_ray(max(num_cpus, os.cpu_count() or 1), temp_dir=temp_dir,
+                                                         dashboard=dashboard)
+        return _joined
     host, sep, port = address.rpartition(":")
     if sep and port.isdigit() and "://" not in address:
         # Ray retries an unreachable GCS for many minutes; a plain TCP connect says it in seconds.
@@ -71,9 +81,35 @@ def connect(address: str | None, runtime_env: dict | None, *, num_cpus: int, tem
                                   f"(ray start --head)?") from None
     try:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level="WARNING")
+        _quiet_raylet_errors()
     except Exception as e:  # unreachable, refused, wrong token: say so in one line, before any trial
         raise GroupStartError(f"ray.address={address}: could not join the cluster: {type(e).__name__}: {e}") from None
-    return f"Ray cluster at {address}"
+    _joined = f"Ray cluster at {address}"
+    return _joined
+
+
+def _quiet_raylet_errors() -> None:
+    """Keep the raylet's error pages ("A worker died or was killed ...") off the terminal: in the debug log.
+
+    Ray's driver prints them to stdout from a background thread whatever ``log_to_driver`` says, in the middle
+    of the progress line. The sweep reports each failure itself: one line there, the whole page in the ledger.
+    Ray has no setting for this, so its printer (``ray._private.worker.print_to_stdstream``) is wrapped; the
+    logs of the workers themselves still follow ``log_to_driver``.
+    """
+    import ray._private.worker as ray_worker
+
+    printer = ray_worker.print_to_stdstream
+    if getattr(printer, "steptune_quiet", False):
+        return
+
+    def print_to_stdstream(data: dict, ignore_prefix: bool) -> None:
+        if data.get("pid") != "raylet":
+            return printer(data, ignore_prefix)
+        for line in data.get("lines") or ():
+            log.debug("raylet: %s", line)
+
+    print_to_stdstream.steptune_quiet = True  # type: ignore[attr-defined]
+    ray_worker.print_to_stdstream = print_to_stdstream
 
 
 @ray.remote

@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Union
 
 from trainer import layout
+# The tuning knobs live in trainer.knobs (shared with the planner); re-exported here for the trainer's users.
+from trainer.knobs import (RECOMPUTE_MODULES, BalancedSplit, BatchConfig, DataParallel,  # noqa: F401
+                           ExplicitSplit, FirstLastSplit, FsdpDP, FullRecompute, NoRecompute, ParallelConfig,
+                           PipelineConfig, Recompute, ReplicateDP, SelectiveRecompute, Split, TorchDDP)
 from trainer.mapping import apply_overrides, build, dump, flatten, parse_dotlist  # noqa: F401 (re-exported)
 
 
@@ -54,7 +58,7 @@ class SyntheticData:
 
 @dataclass(frozen=True)
 class TokenFileData:
-    """A memory-mapped token file made by ``python -m trainer.data`` (format in the README)."""
+    """A memory-mapped token file made by ``python -m trainer.data`` (format in docs/trainer.md)."""
     kind: ClassVar[str] = "token_file"
     path: str = ""
     """Path to the ``.bin`` token file (its ``.json`` header sits beside it)."""
@@ -62,148 +66,6 @@ class TokenFileData:
     def __post_init__(self) -> None:
         if not self.path:
             raise ValueError("data.path is required with data.kind=token_file")
-
-
-@dataclass(frozen=True)
-class BatchConfig:
-    global_batch: int = 8
-    """Sequences per update, FIXED: changing it changes what the model learns."""
-    micro_batch_size: int = 1
-    """Sequences per microbatch: the knob. Microbatches per replica = global / (micro x dp)."""
-
-
-@dataclass(frozen=True)
-class ParallelConfig:
-    pp: int = 1
-    """Pipeline-parallel ranks."""
-    dp: int = 1
-    """Data-parallel replicas; pp x dp is the world size."""
-
-    def __post_init__(self) -> None:
-        if self.pp < 1 or self.dp < 1:
-            raise ValueError("parallel.pp and parallel.dp must be >= 1")
-
-
-@dataclass(frozen=True)
-class BalancedSplit:
-    """Layers spread as evenly as possible; remainder layers go to middle stages first."""
-    kind: ClassVar[str] = "balanced"
-
-
-@dataclass(frozen=True)
-class ExplicitSplit:
-    """Layers per stage, listed (one entry per model chunk: pp x virtual_stages)."""
-    kind: ClassVar[str] = "explicit"
-    layers: tuple[int, ...] = ()
-    """Layer count of each stage, in pipeline order."""
-
-
-@dataclass(frozen=True)
-class FirstLastSplit:
-    """Megatron's decoder_first/last_pipeline_num_layers: fixed first/last stages, the rest balanced."""
-    kind: ClassVar[str] = "first_last"
-    first: int = 0
-    """Layers on the first stage (0: balanced with the middle)."""
-    last: int = 0
-    """Layers on the last stage (0: balanced with the middle)."""
-
-
-Split = Union[BalancedSplit, ExplicitSplit, FirstLastSplit]
-
-
-@dataclass(frozen=True)
-class PipelineConfig:
-    schedule: str = "1f1b"
-    """gpipe | 1f1b | interleaved_1f1b (ignored when parallel.pp = 1: plain gradient accumulation)."""
-    virtual_stages: int = 1
-    """Model chunks per pipeline rank; > 1 only with interleaved_1f1b."""
-    split: Split = field(default_factory=BalancedSplit)
-    """Which layers each stage holds."""
-
-
-@dataclass(frozen=True)
-class ReplicateDP:
-    """Replicated parameters, bucketed gradient all-reduce (Megatron-style DDP, correct under any schedule)."""
-    kind: ClassVar[str] = "replicate"
-    overlap_grad_reduce: bool = True
-    """Launch a bucket's all-reduce as soon as its gradients are final, under the remaining backward."""
-    bucket_mb: float = 25.0
-    """Bucket size in MB of gradients (Megatron's --ddp-bucket-size is this in parameters)."""
-
-    def __post_init__(self) -> None:
-        if self.bucket_mb <= 0:
-            raise ValueError("data_parallel.bucket_mb must be > 0")
-
-
-@dataclass(frozen=True)
-class FsdpDP:
-    """Sharded parameters, gradients and optimizer state (FSDP2 ``fully_shard`` per block, on the dp mesh)."""
-    kind: ClassVar[str] = "fsdp"
-    reshard_after_forward: bool = True
-    """Free gathered parameters after forward and gather again for backward (less memory, more traffic)."""
-    prefetch: int = 1
-    """Blocks whose parameter all-gather is issued ahead (0: FSDP2's implicit one-ahead only)."""
-
-    def __post_init__(self) -> None:
-        if self.prefetch < 0:
-            raise ValueError("data_parallel.prefetch must be >= 0")
-
-
-@dataclass(frozen=True)
-class TorchDDP:
-    """torch's DistributedDataParallel; only without a pipeline (under pipeline schedules it fails or
-    silently diverges replicas on torch 2.13, as measured when the trainer was specified, so such a config
-    is refused)."""
-    kind: ClassVar[str] = "torch_ddp"
-    bucket_mb: float = 25.0
-    """DDP's bucket_cap_mb."""
-
-    def __post_init__(self) -> None:
-        if self.bucket_mb <= 0:
-            raise ValueError("data_parallel.bucket_mb must be > 0")
-
-
-DataParallel = Union[ReplicateDP, FsdpDP, TorchDDP]
-
-RECOMPUTE_MODULES = ("core_attn", "mlp", "norm")
-
-
-@dataclass(frozen=True)
-class NoRecompute:
-    """Keep every activation for backward."""
-    kind: ClassVar[str] = "none"
-
-
-@dataclass(frozen=True)
-class SelectiveRecompute:
-    """Recompute chosen sub-modules of every layer (Megatron's selective; core_attn is its default)."""
-    kind: ClassVar[str] = "selective"
-    modules: tuple[str, ...] = ("core_attn",)
-    """Any of core_attn, mlp, norm (Megatron's --recompute-modules)."""
-
-    def __post_init__(self) -> None:
-        bad = [m for m in self.modules if m not in RECOMPUTE_MODULES]
-        if bad or not self.modules:
-            raise ValueError(f"recompute.modules={list(self.modules)} must be a non-empty subset of {RECOMPUTE_MODULES}")
-
-
-@dataclass(frozen=True)
-class FullRecompute:
-    """Recompute whole layers from their inputs (Megatron's full granularity)."""
-    kind: ClassVar[str] = "full"
-    method: str = "uniform"
-    """uniform: groups of num_layers layers, each one unit; block: the first num_layers layers of each stage."""
-    num_layers: int = 1
-    """Group size (uniform) or number of recomputed layers per stage (block)."""
-
-    def __post_init__(self) -> None:
-        if self.method not in ("uniform", "block"):
-            raise ValueError(f"recompute.method={self.method!r} must be uniform or block")
-        if self.num_layers < 1:
-            raise ValueError("recompute.num_layers must be >= 1")
-
-
-Recompute = Union[NoRecompute, SelectiveRecompute, FullRecompute]
 
 
 @dataclass(frozen=True)
@@ -215,8 +77,11 @@ class OptimConfig:
     weight_decay: float = 0.0
     """AdamW decoupled weight decay."""
     beta1: float = 0.9
+    """AdamW first-moment decay."""
     beta2: float = 0.95
+    """AdamW second-moment decay."""
     eps: float = 1e-8
+    """AdamW denominator epsilon."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 disables)."""
 
@@ -269,20 +134,30 @@ class RunConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The GPT's shape."""
     data: Union[SyntheticData, TokenFileData] = field(default_factory=SyntheticData)
+    """Where the sequences come from."""
     batch: BatchConfig = field(default_factory=BatchConfig)
+    """Global batch (fixed) and microbatch size (a knob)."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Pipeline and data-parallel sizes."""
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    """Pipeline schedule, virtual stages and layer split."""
     data_parallel: DataParallel = field(default_factory=ReplicateDP)
+    """How data-parallel replicas keep their gradients (and parameters) in step."""
     recompute: Recompute = field(default_factory=NoRecompute)
+    """Which activations backward recomputes instead of keeping."""
     optim: OptimConfig = field(default_factory=OptimConfig)
+    """AdamW and gradient clipping."""
     run: RunConfig = field(default_factory=RunConfig)
+    """Steps, precision, device and measurement settings."""
 
     def __post_init__(self) -> None:
         pp, v = self.parallel.pp, self.pipeline.virtual_stages
         n_micro = layout.num_microbatches(self.batch.global_batch, self.batch.micro_batch_size, self.parallel.dp)
         if pp > 1:
             layout.check_schedule(self.pipeline.schedule, pp, v, n_micro)
+            layout.check_torch_schedule(self.pipeline.schedule, pp, n_micro)
         elif self.pipeline.schedule not in layout.SCHEDULES or v != 1:
             raise ValueError("with parallel.pp=1 use pipeline.virtual_stages=1 and a known pipeline.schedule")
         stages = self.stage_layers()
@@ -315,13 +190,10 @@ class TrainConfig:
         return self.parallel.pp * self.pipeline.virtual_stages
 
     def stage_layers(self) -> list[list[int]]:
-        split = self.pipeline.split
-        kw: dict[str, Any] = {}
-        if isinstance(split, ExplicitSplit):
-            kw["explicit"] = split.layers
-        elif isinstance(split, FirstLastSplit):
-            kw = {"first": split.first, "last": split.last}
-        return layout.split_layers(self.model.n_layers, self.n_stages, **kw)
+        """Layer indices of each model chunk (pp x virtual_stages of them), in pipeline order."""
+        counts = self.pipeline.split.counts(self.model.n_layers, self.n_stages)
+        starts = [sum(counts[:i]) for i in range(len(counts))]
+        return [list(range(s, s + c)) for s, c in zip(starts, counts)]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "TrainConfig":

@@ -34,29 +34,32 @@ def num_microbatches(global_batch: int, micro_batch_size: int, dp: int) -> int:
 
 
 def check_schedule(schedule: str, pp: int, virtual_stages: int, n_micro: int) -> None:
-    """Requirements of each pipeline schedule, checked before any process starts."""
+    """What every pipeline schedule needs (Megatron's rules), checked before any process starts."""
     if schedule not in SCHEDULES:
-        raise ValueError(f"pipeline.schedule={schedule!r} is not one of {', '.join(SCHEDULES)}")
+        raise ValueError(f"pipeline.schedule: {schedule!r} is not one of {', '.join(SCHEDULES)}")
     if virtual_stages < 1:
-        raise ValueError(f"pipeline.virtual_stages={virtual_stages} must be >= 1")
+        raise ValueError(f"pipeline.virtual_stages: {virtual_stages} must be >= 1")
     if schedule == "interleaved_1f1b":
         if pp < 2:
-            raise ValueError("pipeline.schedule=interleaved_1f1b needs parallel.pp >= 2")
+            raise ValueError("pipeline.schedule: interleaved_1f1b needs parallel.pp >= 2")
         if virtual_stages < 2:
             raise ValueError(
-                "pipeline.virtual_stages must be >= 2 with pipeline.schedule=interleaved_1f1b "
+                "pipeline.virtual_stages: must be >= 2 with pipeline.schedule=interleaved_1f1b "
                 "(use 1f1b for one stage per rank)"
             )
         if n_micro % pp:
             raise ValueError(
-                f"pipeline.schedule=interleaved_1f1b needs the microbatch count ({n_micro}) to be a multiple "
-                f"of parallel.pp={pp}: change batch.micro_batch_size"
+                f"pipeline.schedule: interleaved_1f1b needs the microbatch count ({n_micro}) to be a multiple "
+                f"of parallel.pp={pp} (Megatron's rule): change batch.micro_batch_size"
             )
     elif virtual_stages != 1:
         raise ValueError(
-            f"pipeline.virtual_stages={virtual_stages} needs pipeline.schedule=interleaved_1f1b "
-            f"(got {schedule})"
+            f"pipeline.virtual_stages: {virtual_stages} needs pipeline.schedule=interleaved_1f1b (got {schedule})"
         )
+
+
+def check_torch_schedule(schedule: str, pp: int, n_micro: int) -> None:
+    """torch.distributed.pipelining's extra rule: its 1F1B schedules need at least pp microbatches."""
     if pp > 1 and schedule in ("1f1b", "interleaved_1f1b") and n_micro < pp:
         raise ValueError(
             f"pipeline.schedule={schedule} needs at least parallel.pp={pp} microbatches, got {n_micro}: "
@@ -66,11 +69,23 @@ def check_schedule(schedule: str, pp: int, virtual_stages: int, n_micro: int) ->
 
 def split_layers(n_layers: int, n_stages: int, *, explicit: tuple[int, ...] | None = None,
                  first: int | None = None, last: int | None = None) -> list[list[int]]:
-    """Layer indices held by each pipeline stage (model chunk), in order.
+    """Layer indices held by each model chunk, in order (``split_counts`` says how many)."""
+    stages, start = [], 0
+    for c in split_counts(n_layers, n_stages, explicit=explicit, first=first, last=last):
+        stages.append(list(range(start, start + c)))
+        start += c
+    return stages
 
-    Exactly one of: balanced (no keyword), ``explicit`` counts per stage, or ``first``/``last`` stage
-    counts with the middle stages balanced (Megatron's decoder_first/last_pipeline_num_layers). Every
-    layer lands in exactly one stage; anything else is an error, never a silent drop.
+
+def split_counts(n_layers: int, n_stages: int, *, explicit: tuple[int, ...] | None = None,
+                 first: int | None = None, last: int | None = None) -> list[int]:
+    """THE layer-split rule: layers per model chunk (pipeline stage), in pipeline order.
+
+    Exactly one of: balanced (no keyword), ``explicit`` counts per chunk, or ``first``/``last`` chunk
+    counts (0 or None: balanced with the middle) with the other chunks equal (Megatron's
+    decoder_first/last_pipeline_num_layers rule). Every layer lands in exactly one chunk and every chunk
+    gets at least one; anything else is an error naming the field, never a silent drop. The trainer, the
+    planner and the search space's ``layer_split`` all call this.
     """
     if n_stages < 1:
         raise ValueError("the number of pipeline stages must be >= 1")
@@ -78,31 +93,27 @@ def split_layers(n_layers: int, n_stages: int, *, explicit: tuple[int, ...] | No
         counts = list(explicit)
         if len(counts) != n_stages:
             raise ValueError(
-                f"pipeline.split.layers has {len(counts)} entries but there are {n_stages} stages "
+                f"pipeline.split.layers: has {len(counts)} entries but there are {n_stages} stages "
                 f"(parallel.pp x pipeline.virtual_stages)"
             )
-    elif first is not None or last is not None:
-        counts = _first_last_counts(n_layers, n_stages, first, last)
+    elif first or last:
+        counts = _first_last_counts(n_layers, n_stages, first or 0, last or 0)
     else:
         counts = _balanced_counts(n_layers, n_stages)
     if any(c < 1 for c in counts):
-        raise ValueError(f"pipeline.split gives a stage no layers ({counts}); every stage needs >= 1 layer")
+        raise ValueError(f"pipeline.split: gives a stage no layers ({counts}); every stage needs >= 1 layer")
     if sum(counts) != n_layers:
         raise ValueError(
-            f"pipeline.split.layers {counts} sums to {sum(counts)} but model.n_layers={n_layers}: "
+            f"pipeline.split.layers: {counts} sums to {sum(counts)} but model.n_layers={n_layers}: "
             f"every layer must land in exactly one stage"
         )
-    stages, start = [], 0
-    for c in counts:
-        stages.append(list(range(start, start + c)))
-        start += c
-    return stages
+    return counts
 
 
 def _balanced_counts(n_layers: int, n_stages: int) -> list[int]:
     if n_layers < n_stages:
         raise ValueError(
-            f"model.n_layers={n_layers} is fewer than the {n_stages} pipeline stages "
+            f"model.n_layers: {n_layers} is fewer than the {n_stages} pipeline stages "
             f"(parallel.pp x pipeline.virtual_stages)"
         )
     base, extra = divmod(n_layers, n_stages)
@@ -115,29 +126,30 @@ def _balanced_counts(n_layers: int, n_stages: int) -> list[int]:
     return counts
 
 
-def _first_last_counts(n_layers: int, n_stages: int, first: int | None, last: int | None) -> list[int]:
+def _first_last_counts(n_layers: int, n_stages: int, first: int, last: int) -> list[int]:
     if n_stages < 2:
-        raise ValueError("pipeline.split.first/last need at least 2 pipeline stages")
-    first = first if first is not None else 0
-    last = last if last is not None else 0
+        raise ValueError("pipeline.split.first: first/last need at least 2 pipeline stages")
     if first < 0 or last < 0:
-        raise ValueError("pipeline.split.first and pipeline.split.last must be >= 1 (0 or unset: balanced)")
+        raise ValueError("pipeline.split.first: first and last must be >= 1 (0 or unset: balanced)")
     fixed = [s for s in (first, last) if s]
     n_free = n_stages - len(fixed)
     rest = n_layers - sum(fixed)
     if n_free == 0:
-        counts = [first, last]
-    else:
-        if rest < n_free or rest % n_free:
-            raise ValueError(
-                f"pipeline.split: after first={first or '-'} and last={last or '-'} layers, {rest} layers do not "
-                f"split evenly over the other {n_free} stages (Megatron's rule); adjust pipeline.split.first/last"
-            )
-        counts = [rest // n_free] * n_stages
-        if first:
-            counts[0] = first
-        if last:
-            counts[-1] = last
+        if rest:
+            raise ValueError(f"pipeline.split.first: with 2 stages first + last must be model.n_layers "
+                             f"({n_layers}); got {first} + {last}")
+        return [first, last]
+    if rest < n_free or rest % n_free:
+        raise ValueError(
+            f"pipeline.split.first: after first={first or '-'} and last={last or '-'} layers, {rest} layers do "
+            f"not split evenly over the other {n_free} stages (at least 1 each; Megatron's rule); adjust "
+            f"pipeline.split.first/last"
+        )
+    counts = [rest // n_free] * n_stages
+    if first:
+        counts[0] = first
+    if last:
+        counts[-1] = last
     return counts
 
 

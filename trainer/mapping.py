@@ -1,4 +1,5 @@
-"""Mappings <-> frozen dataclasses, and flat dotted overrides: the edge between YAML and the trainer's config.
+"""Mappings <-> frozen dataclasses, and flat dotted overrides: the edge between YAML and a config (the
+trainer's ``TrainConfig``, the planner's ``PlanConfig``, the sweep file). Neutral: no torch, no orchestrator.
 
 Generic over dataclasses: a field typed as a Union of dataclasses is chosen by the mapping's ``kind:`` key
 (each member has a ``kind`` ClassVar); unknown fields and wrong types are ValueErrors naming the dotted path.
@@ -8,17 +9,35 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import types
 import typing
 from typing import Any, Callable, Union
 
 
+@dataclasses.dataclass(frozen=True)
+class _How:
+    suggest: Callable[[str], str] | None = None
+    root: str = ""
+    inactive: str = "error"
+
+
 def build(cls: type, data: Any, path: str = "", *, suggest: Callable[[str], str] | None = None,
-          skip: tuple[str, ...] = ()) -> Any:
+          skip: tuple[str, ...] = (), root: str = "", inactive: str = "error") -> Any:
     """``cls(**data)`` with every field coerced and checked; errors name the dotted path.
 
     ``suggest`` turns an unknown dotted key into a hint (" (did you mean x.y?)"); ``skip`` names fields the
-    caller fills itself.
+    caller fills itself. Validation errors of the dataclasses name their field from the config's root
+    (``recompute.method: ...``); ``root`` is put in front of them (a preset's ``planner``). With
+    ``inactive="ignore"`` a field of another option of the same ``kind`` union (``recompute.num_layers`` on
+    ``recompute.kind: none``) is an inactive sub-knob and dropped instead of refused.
     """
+    if inactive not in ("error", "ignore"):
+        raise ValueError(f"inactive={inactive!r} must be error or ignore")
+    return _build(cls, data, path, _How(suggest, root, inactive), skip)
+
+
+def _build(cls: type, data: Any, path: str, how: _How, skip: tuple[str, ...] = (),
+           siblings: frozenset[str] = frozenset()) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -28,40 +47,45 @@ def build(cls: type, data: Any, path: str = "", *, suggest: Callable[[str], str]
     known = {f.name for f in fields}
     tagged = isinstance(getattr(cls, "kind", None), str) and "kind" not in known  # a kind-union member
     for key, value in data.items():
-        if key in known or (tagged and key == "kind"):
+        if key in known or (tagged and key == "kind") or (how.inactive == "ignore" and key in siblings):
             continue
         dotted = f"{path}.{key}" if path else str(key)
-        if suggest is not None:
+        hint = ""
+        if how.suggest is not None:
             children = [f"{dotted}.{k}" for k in value] if isinstance(value, dict) else []
-            hint = next((h for h in map(suggest, [dotted, *children]) if h), "")
-        else:
+            hint = next((h for h in map(how.suggest, [dotted, *children]) if h), "")
+        if not hint:
             close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.75)
             hint = f" (did you mean {path + '.' if path else ''}{close[0]}?)" if close else ""
         raise ValueError(f"unknown field {dotted}{hint}; allowed here: {sorted(known)}")
-    return cls(**{f.name: _coerce(hints[f.name], data[f.name], f"{path}.{f.name}" if path else f.name, suggest)
-                  for f in fields if f.name in data})
+    values = {f.name: _coerce(hints[f.name], data[f.name], f"{path}.{f.name}" if path else f.name, how)
+              for f in fields if f.name in data}
+    try:
+        return cls(**values)
+    except ValueError as e:  # the dataclass names its field from the config's root
+        raise ValueError(f"{how.root}.{e}" if how.root else str(e)) from None
 
 
 _EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a mapping",
              list: "a list"}
 
 
-def _coerce(tp: Any, value: Any, path: str, suggest: Callable[[str], str] | None) -> Any:
-    if typing.get_origin(tp) is Union:
+def _coerce(tp: Any, value: Any, path: str, how: _How) -> Any:
+    if typing.get_origin(tp) in (Union, types.UnionType):  # Optional[x] and x | None
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
         members = [a for a in args if a is not type(None)]
         if len(members) > 1:
-            return _pick_kind(members, value, path, suggest)
+            return _pick_kind(members, value, path, how)
         tp = members[0]
     if dataclasses.is_dataclass(tp):
-        return build(tp, value, path, suggest=suggest)
+        return _build(tp, value, path, how)
     if typing.get_origin(tp) is tuple:
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{path}: expected a list, got {value!r}")
         (item,) = typing.get_args(tp)[:1]
-        return tuple(_coerce(item, v, f"{path}[{i}]", suggest) for i, v in enumerate(value))
+        return tuple(_coerce(item, v, f"{path}[{i}]", how) for i, v in enumerate(value))
     if tp not in _EXPECTED:
         raise TypeError(f"{path}: unsupported field type {tp}")
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
@@ -71,7 +95,7 @@ def _coerce(tp: Any, value: Any, path: str, suggest: Callable[[str], str] | None
     return value
 
 
-def _pick_kind(members: list[type], value: Any, path: str, suggest: Callable[[str], str] | None) -> Any:
+def _pick_kind(members: list[type], value: Any, path: str, how: _How) -> Any:
     """Mutually exclusive options: the member whose ``kind`` the mapping names (a bare string is the kind)."""
     by_kind = {m.kind: m for m in members}
     if isinstance(value, str):
@@ -79,8 +103,28 @@ def _pick_kind(members: list[type], value: Any, path: str, suggest: Callable[[st
     if not isinstance(value, dict) or "kind" not in value:
         raise ValueError(f"{path}: give a mapping with kind: one of {sorted(by_kind)}")
     if value["kind"] not in by_kind:
-        raise ValueError(f"{path}.kind={value['kind']!r} must be one of {sorted(by_kind)}")
-    return build(by_kind[value["kind"]], value, path, suggest=suggest)
+        raise ValueError(f"{path}.kind: {value['kind']!r} must be one of {sorted(by_kind)}")
+    chosen = by_kind[value["kind"]]
+    siblings = frozenset(f.name for m in members for f in dataclasses.fields(m)) - {
+        f.name for f in dataclasses.fields(chosen)}
+    return _build(chosen, value, path, how, siblings=siblings)
+
+
+def field_names(cls: Any, prefix: str = "") -> list[str]:
+    """Every flat dotted field name a config class accepts; a ``kind`` union gives ``.kind`` and the fields
+    of all its options."""
+    if typing.get_origin(cls) is Union:
+        members = [a for a in typing.get_args(cls) if a is not type(None)]
+        if len(members) > 1:
+            names = [f"{prefix}kind"]
+            for m in members:
+                names += [n for n in field_names(m, prefix) if n not in names]
+            return names
+        cls = members[0]
+    if not dataclasses.is_dataclass(cls):
+        return [prefix[:-1]]
+    hints = typing.get_type_hints(cls)
+    return [n for f in dataclasses.fields(cls) for n in field_names(hints[f.name], f"{prefix}{f.name}.")]
 
 
 def dump(obj: Any) -> Any:

@@ -91,7 +91,9 @@ def parallelize(cfg: TrainConfig, groups: Groups, device: torch.device, loss_fn)
         elif isinstance(dpc, TorchDDP):
             from torch.nn.parallel import DistributedDataParallel
 
-            chunks = [DistributedDataParallel(chunks[0], process_group=groups.dp_group, bucket_cap_mb=dpc.bucket_mb,
+            # bucket_mb is MB (10^6 bytes) like every bucket knob; torch's bucket_cap_mb counts MiB.
+            chunks = [DistributedDataParallel(chunks[0], process_group=groups.dp_group,
+                                              bucket_cap_mb=dpc.bucket_mb * 1e6 / 2**20,
                                               device_ids=[device.index] if device.type == "cuda" else None)]
 
     schedule, stages = None, []

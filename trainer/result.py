@@ -1,4 +1,4 @@
-"""Result dataclasses and their JSON form (the schema documented in the README).
+"""Result dataclasses and their JSON form (the schema documented in docs/trainer.md).
 
 A ``RankResult`` is what one rank measured; ``merge`` folds them into one ``Result`` (step times: max over
 ranks, since an update is done when its slowest rank is; phases and memory: min and max over ranks).

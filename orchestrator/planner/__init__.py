@@ -2,14 +2,16 @@
 
 ``predict(cfg)`` estimates one update's time, broken down along the critical path, and the peak memory of
 every pipeline stage, for a ``PlanConfig`` (cluster, model, job, efficiency parameters, knobs).
-``calibrate(records, base_cfg)`` fits the efficiency parameters to measured runs. the README (section "The planner") lists
+``calibrate(records, base_cfg)`` fits the efficiency parameters to measured runs. docs/planner.md lists
 every formula and its source.
 """
 
 from .calibrate import Calibration, calibrate
 from .cluster import ClusterSpec, Efficiency, JobSpec, ModelSpec
-from .config import (BalancedSplit, BatchConfig, DataParallelConfig, FirstLastSplit, FullRecompute,
-                     NoRecompute, ParallelConfig, PipelineConfig, PlanConfig, SelectiveRecompute)
+from trainer.knobs import (BalancedSplit, BatchConfig, FirstLastSplit, FullRecompute, NoRecompute,
+                           ParallelConfig, PipelineConfig, ReplicateDP, SelectiveRecompute, TorchDDP)
+
+from .config import OptimizerSharding, PlanConfig, TensorParallel
 from .grid import enumerate_space
 from .memory import predicts_oom
 from .parse import (KNOBS, apply_params, knob_values, layer_split_context, plan_config_from_dict,
@@ -17,7 +19,8 @@ from .parse import (KNOBS, apply_params, knob_values, layer_split_context, plan_
 from .predict import Prediction, predict
 
 __all__ = [
-    "BalancedSplit", "BatchConfig", "Calibration", "ClusterSpec", "DataParallelConfig", "Efficiency",
+    "BalancedSplit", "BatchConfig", "Calibration", "ClusterSpec", "Efficiency", "OptimizerSharding",
+    "ReplicateDP", "TensorParallel", "TorchDDP",
     "FirstLastSplit", "FullRecompute", "JobSpec", "KNOBS", "ModelSpec", "NoRecompute", "ParallelConfig",
     "PipelineConfig", "PlanConfig", "Prediction", "SelectiveRecompute", "apply_params", "calibrate",
     "enumerate_space", "knob_values", "layer_split_context", "plan_config_from_dict", "plan_config_to_dict", "predict", "predicts_oom",

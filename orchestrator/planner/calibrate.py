@@ -30,17 +30,17 @@ from .parse import apply_params, plan_config_from_dict
 from .timing import step_times
 
 BOUNDS: dict[str, tuple[float, float]] = {
-    "matmul_eff": (0.02, 0.99), "attention_eff": (0.02, 0.99), "tp_bw_eff": (0.02, 0.99),
+    "matmul_eff": (0.02, 0.99), "attention_eff": (0.02, 0.99), "flash_attention_eff": (0.02, 0.99), "tp_bw_eff": (0.02, 0.99),
     "pp_bw_eff": (0.02, 0.99), "dp_bw_eff": (0.01, 0.99), "optimizer_bw_eff": (0.02, 0.99),
     "tp_overlap": (0.0, 0.99), "gemm_tokens_half": (0.0, 1e5), "op_overhead_us": (0.0, 1e5),
-    "dp_overlap_microbatches": (0.0, 1e3), "mem_reserved_gb": (0.0, 100.0), "mem_activation_factor": (0.5, 4.0),
+    "mem_reserved_gb": (0.0, 100.0), "mem_activation_factor": (0.5, 4.0),
 }
 """Fractions are fitted through a logit between their bounds; the rest through log(x + scale), so a
 parameter starting at 0 can still move."""
-_SCALE = {"gemm_tokens_half": 16.0, "op_overhead_us": 5.0, "dp_overlap_microbatches": 0.25, "mem_reserved_gb": 0.5,
+_SCALE = {"gemm_tokens_half": 16.0, "op_overhead_us": 5.0, "mem_reserved_gb": 0.5,
           "mem_activation_factor": 0.1}
 DEFAULT_FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "tp_bw_eff", "dp_bw_eff",
-               "dp_overlap_microbatches", "mem_reserved_gb", "mem_activation_factor")
+               "mem_reserved_gb", "mem_activation_factor")
 TIME_METRICS = ("step_time_s", "forward_s", "backward_s", "recompute_s", "dp_exposed_s", "dp_total_s",
                 "pp_bubble_s", "pp_p2p_s", "tp_comm_s", "optimizer_s", "compute_track_s",
                 "backward_incl_recompute_s", "pp_idle_s")
@@ -176,7 +176,8 @@ def calibrate(records: Sequence[Mapping[str, Any]], base_cfg: PlanConfig, fit: S
 
     solver = "scipy.optimize.least_squares" if use_scipy and _scipy_solver() else "levenberg-marquardt (numpy)"
     z = _scipy_solver()(residuals, z0) if solver.startswith("scipy") else _levenberg_marquardt(residuals, z0)
-    eff = eff_of(z)
+    # Labelled fitted; a caller that solved it from the very timeline it will predict relabels it calibrated.
+    eff = dataclasses.replace(eff_of(z), basis="fitted")
     before = [(_evaluate(c, k, eff0), m) for c, k, m in prepared]
     after = [(_evaluate(c, k, eff), m) for c, k, m in prepared]
     return Calibration(efficiency=eff, fitted={n: getattr(eff, n) for n in names}, errors_before=_errors(before),

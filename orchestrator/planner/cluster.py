@@ -9,9 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .checks import check_bool, check_choice, check_int, check_num
+from .checks import check_bool, check_choice, check_int, check_num, prefixed
 
 PRECISIONS = ("mixed", "fp32", "bf16_autocast")
+EFFICIENCY_BASES = {
+    "prior": "starting guesses, not fitted to anything",
+    "blind": "datasheet hardware + an efficiency set fitted on other runs (another GPU generation's published "
+             "runs, transferred); nothing of the target's own timeline went in",
+    "calibrated": "solved from the very timeline being predicted (e.g. the article's 12 s = 8 + 4): it "
+                  "reproduces that timeline by construction, so it is not a prediction of it",
+    "fitted": "fitted to measured or published runs on this hardware (python -m orchestrator calibrate, or a "
+              "corpus fit set)",
+}
+"""Where an efficiency set's values come from; reports and exports name it next to every predicted answer."""
 
 
 @dataclass(frozen=True)
@@ -40,14 +50,15 @@ class ClusterSpec:
     """Per-hop latency between nodes."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError("name: must be a non-empty string")
-        check_int(self, "num_gpus", 1)
-        check_int(self, "gpus_per_node", 1)
-        for f in ("peak_tflops", "hbm_gb", "hbm_bw_GBps", "intra_node_bw_GBps", "inter_node_bw_GBps"):
-            check_num(self, f, lo=0.0, lo_open=True)
-        check_num(self, "intra_node_latency_us", lo=0.0)
-        check_num(self, "inter_node_latency_us", lo=0.0)
+        with prefixed("cluster"):
+            if not isinstance(self.name, str) or not self.name:
+                raise ValueError("name: must be a non-empty string")
+            check_int(self, "num_gpus", 1)
+            check_int(self, "gpus_per_node", 1)
+            for f in ("peak_tflops", "hbm_gb", "hbm_bw_GBps", "intra_node_bw_GBps", "inter_node_bw_GBps"):
+                check_num(self, f, lo=0.0, lo_open=True)
+            check_num(self, "intra_node_latency_us", lo=0.0)
+            check_num(self, "inter_node_latency_us", lo=0.0)
 
     @property
     def peak_flops(self) -> float:
@@ -86,15 +97,16 @@ class ModelSpec:
     (GPT-2 style; the steptune trainer uses seq_len rows); 0 for rotary or no position parameters."""
 
     def __post_init__(self) -> None:
-        for f in ("num_layers", "hidden_size", "num_heads", "vocab_size"):
-            check_int(self, f, 1)
-        check_int(self, "ffn_hidden_size", 0)
-        check_int(self, "position_embeddings", 0)
-        check_bool(self, "tied_embeddings")
-        check_bool(self, "flash_attention")
-        check_bool(self, "linear_biases")
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"num_heads: {self.num_heads} does not divide hidden_size {self.hidden_size}")
+        with prefixed("model"):
+            for f in ("num_layers", "hidden_size", "num_heads", "vocab_size"):
+                check_int(self, f, 1)
+            check_int(self, "ffn_hidden_size", 0)
+            check_int(self, "position_embeddings", 0)
+            check_bool(self, "tied_embeddings")
+            check_bool(self, "flash_attention")
+            check_bool(self, "linear_biases")
+            if self.hidden_size % self.num_heads:
+                raise ValueError(f"num_heads: {self.num_heads} does not divide hidden_size {self.hidden_size}")
 
     @property
     def ffn(self) -> int:
@@ -136,16 +148,15 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """The fixed work of one update. Changing either field changes the training run, not its speed."""
+    """The fixed work of one update besides the batch (``batch.global_batch``, a shared knob section).
+    Changing a field changes the training run, not its speed."""
 
-    global_batch: int = 512
-    """Sequences per update (fixed: microbatching must divide it, never grow it)."""
     seq_len: int = 2048
     """Tokens per sequence."""
     precision: str = "mixed"
     """How numbers are stored, which sets the bytes of every memory term:
     mixed - Megatron's bf16 training: bf16 weights and activations, fp32 main gradients (or bf16, see
-    data_parallel.grad_reduce_dtype) and fp32 master weights + Adam moments (12 bytes per parameter);
+    optimizer.grad_reduce_dtype) and fp32 master weights + Adam moments (12 bytes per parameter);
     fp32 - plain fp32 training (the steptune trainer's default): 4-byte weights and gradients, 8-byte
     Adam moments plus torch's 4-byte step counter per tensor, every activation 4 bytes;
     bf16_autocast - the steptune trainer's run.precision=bf16: fp32 weights, gradients and Adam state as in
@@ -153,13 +164,9 @@ class JobSpec:
     (the trainer turns autocast's weight cache off). Changes what is trained, so it is not a knob."""
 
     def __post_init__(self) -> None:
-        check_int(self, "global_batch", 1)
-        check_int(self, "seq_len", 1)
-        check_choice(self, "precision", PRECISIONS)
-
-    @property
-    def tokens(self) -> int:
-        return self.global_batch * self.seq_len
+        with prefixed("job"):
+            check_int(self, "seq_len", 1)
+            check_choice(self, "precision", PRECISIONS)
 
 
 @dataclass(frozen=True)
@@ -177,6 +184,11 @@ class Efficiency:
     give skinny GEMMs (Narayanan et al. 2021, Sec. 5.5: arithmetic intensity grows with microbatch size)."""
     attention_eff: float = 0.4
     """Fraction of peak that the attention core (QK^T, softmax, AV) achieves."""
+    flash_attention_eff: float | None = None
+    """Fraction of peak the fused (FlashAttention) attention core achieves; used instead of attention_eff
+    when model.flash_attention is on (None: attention_eff serves both). Prior from FlashAttention-2 (Dao 2023): 50-73% of A100 peak forward +
+    backward, about 35-40% of H100's; the unfused 2021-22 kernels that attention_eff is fitted on are much
+    slower, so the two are kept apart."""
     op_overhead_us: float = 0.0
     """Fixed cost per layer per pass (kernel launches, synchronisation), microseconds."""
     tp_bw_eff: float = 0.7
@@ -188,24 +200,30 @@ class Efficiency:
     dp_bw_eff: float = 0.7
     """Achieved fraction of link bandwidth for data-parallel collectives when every replica group
     communicates at once (fabric contention lowers it at scale)."""
-    dp_overlap_microbatches: float = 1.0
-    """Microbatch passes of the critical stage available to hide data-parallel traffic: gradient buckets
-    are reduced under the last k backward passes, parameters gathered under the first k forward passes.
-    Megatron's 1F1B schedule enables gradient sync only in the last microbatch (k = 1); fit it to a
-    measured timeline otherwise."""
     optimizer_bw_eff: float = 0.5
     """Achieved fraction of HBM bandwidth in the (memory-bound) optimizer step."""
     mem_reserved_gb: float = 5.0
     """Per-GPU memory outside the model: CUDA context, NCCL and cuBLAS workspaces, allocator slack."""
     mem_activation_factor: float = 1.0
     """Multiplier on the Korthikanti et al. activation bytes (allocator fragmentation, small tensors)."""
+    basis: str = "prior"
+    """Where these values come from: prior | blind | calibrated | fitted (see EFFICIENCY_BASES). A label, not
+    a parameter: the sweep summary and export say which kind of set produced a predicted answer."""
+    basis_note: str = ""
+    """Free text naming the source of the values (fit set, transferred from which generation, solved from
+    what), shown next to the basis."""
 
     def __post_init__(self) -> None:
-        for f in ("matmul_eff", "attention_eff", "tp_bw_eff", "pp_bw_eff", "dp_bw_eff", "optimizer_bw_eff"):
-            check_num(self, f, lo=0.0, hi=1.0, lo_open=True)
-        check_num(self, "tp_overlap", lo=0.0, hi=1.0)
-        check_num(self, "gemm_tokens_half", lo=0.0)
-        check_num(self, "op_overhead_us", lo=0.0)
-        check_num(self, "dp_overlap_microbatches", lo=0.0)
-        check_num(self, "mem_reserved_gb", lo=0.0)
-        check_num(self, "mem_activation_factor", lo=0.5, hi=4.0)
+        with prefixed("efficiency"):
+            check_choice(self, "basis", tuple(EFFICIENCY_BASES))
+            if not isinstance(self.basis_note, str):
+                raise ValueError(f"basis_note: must be a string, got {self.basis_note!r}")
+            for f in ("matmul_eff", "attention_eff", "tp_bw_eff", "pp_bw_eff", "dp_bw_eff", "optimizer_bw_eff"):
+                check_num(self, f, lo=0.0, hi=1.0, lo_open=True)
+            check_num(self, "tp_overlap", lo=0.0, hi=1.0)
+            if self.flash_attention_eff is not None:
+                check_num(self, "flash_attention_eff", lo=0.0, hi=1.0, lo_open=True)
+            check_num(self, "gemm_tokens_half", lo=0.0)
+            check_num(self, "op_overhead_us", lo=0.0)
+            check_num(self, "mem_reserved_gb", lo=0.0)
+            check_num(self, "mem_activation_factor", lo=0.5, hi=4.0)

@@ -14,7 +14,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .config import PlanConfig
+from trainer.knobs import BalancedSplit, FirstLastSplit
+
+from .config import PlanConfig, rank_layers
 from .knobs import RC_CODE, SCHED_CODE, Consts, Knobs
 from .memory import stage_memory
 from .parse import KNOBS, knob_values
@@ -116,7 +118,7 @@ def enumerate_space(base: PlanConfig, params: Mapping[str, Mapping[str, Any]], f
     for name in params:
         if name != SPLIT and name not in KNOBS:
             raise ValueError(f"space.params.{name}: not a planner knob")
-        if name.startswith("parallel."):
+        if name.startswith(("parallel.", "tensor_parallel.")):
             raise ValueError(f"space.params.{name}: the enumerator keeps parallel degrees fixed")
     fixed = knob_values(base)
     groups = [_expand(names, params, fixed, float_points) for names in _components(params)]
@@ -149,11 +151,12 @@ _ENCODE = {
     "recompute.method": lambda x: {"uniform": 0, "block": 1}.get(x, -1),
     "recompute.num_layers": lambda x: 0 if x is None else x,
     "recompute.modules": lambda x: sum(_MODULE_BITS.get(m, 8) for m in (x or ("core_attn",))),
+    "data_parallel.kind": lambda x: {"replicate": 0, "torch_ddp": 1, "fsdp": 2}.get(x, -1),
     "data_parallel.overlap_grad_reduce": bool,
-    "data_parallel.overlap_param_gather": bool,
     "data_parallel.bucket_mb": lambda x: -1.0 if x is None else float(x),
-    "data_parallel.distributed_optimizer": bool,
-    "data_parallel.grad_reduce_dtype": lambda x: {"fp32": 4.0, "bf16": 2.0}.get(x, -1.0),
+    "optimizer.overlap_param_gather": bool,
+    "optimizer.distributed": bool,
+    "optimizer.grad_reduce_dtype": lambda x: {"fp32": 4.0, "bf16": 2.0}.get(x, -1.0),
 }
 
 
@@ -176,46 +179,57 @@ def _lookup(option: Mapping[str, Any], key: str, fixed: Mapping[str, Any]) -> An
 
 def _knobs(base: PlanConfig, cols: dict[str, np.ndarray], n: int) -> tuple[Knobs, np.ndarray]:
     """Knob arrays plus PlanConfig's validity rules, vectorised."""
-    L, p, d, gbs = base.model.num_layers, base.parallel.pp, base.parallel.dp, base.job.global_batch
+    p, d, gbs = base.parallel.pp, base.parallel.dp, base.batch.global_batch
     b = cols["batch.micro_batch_size"].astype(np.int64)
     valid = (b >= 1) & (gbs % np.maximum(b * d, 1) == 0)
     m = gbs // np.maximum(b * d, 1)
     sched = cols["pipeline.schedule"].astype(np.int64)
     v = np.where(sched == 2, cols["pipeline.virtual_stages"], 1).astype(np.int64)
-    kind = cols["pipeline.split.kind"]
-    first_last = kind == 1
-    first, last = cols["pipeline.split.first"].astype(np.int64), cols["pipeline.split.last"].astype(np.int64)
-    layers = np.full((n, p), L // p, dtype=np.int64)
-    if p >= 2:
-        mid = max(p - 2, 1)
-        rest = L - first - last
-        layers[:, 0] = np.where(first_last, first, layers[:, 0])
-        layers[:, -1] = np.where(first_last, last, layers[:, -1])
-        if p > 2:
-            layers[:, 1:-1] = np.where(first_last[:, None], (rest // mid)[:, None], layers[:, 1:-1])
-        ok_fl = (first >= 1) & (last >= 1) & ((rest == 0) if p == 2 else ((rest >= mid) & (rest % mid == 0)))
-    else:
-        ok_fl = np.zeros(n, bool)
-    valid &= (kind >= 0) & np.where(first_last, ok_fl, L % p == 0) & (sched >= 0)
-    valid &= np.where(sched == 2, (v >= 2) & (p >= 2) & (m % p == 0) & (layers % v[:, None] == 0).all(axis=1), True)
+    layers, ok_split = _rank_layers(base, cols["pipeline.split.kind"], cols["pipeline.split.first"],
+                                    cols["pipeline.split.last"], v)
+    valid &= ok_split & (sched >= 0)
+    valid &= np.where(sched == 2, (v >= 2) & (p >= 2) & (m % p == 0), True)
     rc = cols["recompute.kind"].astype(np.int64)
     method = cols["recompute.method"]
     rc_n = np.where(rc == 2, cols["recompute.num_layers"], 0).astype(np.int64)
     valid &= (rc >= 0) & np.where(rc == 2, (rc_n >= 1) & (method >= 0), True)
     mods = cols["recompute.modules"].astype(np.int64)
     valid &= np.where(rc == 1, mods < 8, True)
-    dist = cols["data_parallel.distributed_optimizer"].astype(bool)
-    opg = cols["data_parallel.overlap_param_gather"].astype(bool)
+    dist = cols["optimizer.distributed"].astype(bool)
+    opg = cols["optimizer.overlap_param_gather"].astype(bool)
     bucket = cols["data_parallel.bucket_mb"].astype(float)
-    grad_bytes = cols["data_parallel.grad_reduce_dtype"].astype(float)
-    valid &= (~opg | dist) & (bucket > 0) & (grad_bytes > 0)
+    grad_bytes = cols["optimizer.grad_reduce_dtype"].astype(float)
+    dp_kind = cols["data_parallel.kind"].astype(np.int64)
+    valid &= (~opg | dist) & (bucket > 0) & (grad_bytes > 0) & (dp_kind >= 0) & ((dp_kind != 2) | (d <= 1))
     knobs = Knobs(b=np.maximum(b, 1), m=np.maximum(m, 1), sched=np.maximum(sched, 0), v=np.maximum(v, 1),
                   layers=np.maximum(layers, 0), rc=np.maximum(rc, 0), rc_block=method == 1, rc_n=rc_n,
                   sel_attn=(rc == 1) & (mods & 1 > 0), sel_mlp=(rc == 1) & (mods & 2 > 0),
                   sel_norm=(rc == 1) & (mods & 4 > 0),
-                  ogr=cols["data_parallel.overlap_grad_reduce"].astype(bool), opg=opg, dist=dist,
+                  ogr=np.where(dp_kind == 0, cols["data_parallel.overlap_grad_reduce"].astype(bool), dp_kind == 1),
+                  opg=opg, dist=dist,
                   bucket_mb=np.maximum(bucket, 1e-9), grad_bytes=np.maximum(grad_bytes, 1.0))
     return knobs, valid
+
+
+def _rank_layers(base: PlanConfig, kind: np.ndarray, first: np.ndarray, last: np.ndarray, v: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Layers per rank (n, pp) and whether the split is valid, by the one split rule (``config.rank_layers``)
+    evaluated once per distinct (kind, first, last, virtual_stages)."""
+    combos = np.stack([kind, first, last, v], axis=1).astype(np.int64)
+    uniq, inverse = np.unique(combos, axis=0, return_inverse=True)
+    table = np.zeros((len(uniq), base.parallel.pp), dtype=np.int64)
+    ok = np.zeros(len(uniq), dtype=bool)
+    for j, (k, f, la, vv) in enumerate(uniq.tolist()):
+        if k not in (0, 1) or vv < 1:
+            continue
+        try:
+            split = FirstLastSplit(f, la) if k == 1 else BalancedSplit()
+            table[j] = rank_layers(base.model.num_layers, base.parallel.pp, vv, split)
+            ok[j] = True
+        except ValueError:
+            pass
+    inverse = inverse.reshape(-1)
+    return table[inverse], ok[inverse]
 
 
 def space_size(params: Mapping[str, Mapping[str, Any]], base: PlanConfig, float_points: int = 16) -> int:

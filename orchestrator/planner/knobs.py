@@ -11,7 +11,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .config import FullRecompute, PlanConfig, SelectiveRecompute
+from trainer.knobs import FullRecompute, ReplicateDP, SelectiveRecompute, TorchDDP
+
+from .config import PlanConfig
 
 SCHED_CODE = {"gpipe": 0, "1f1b": 1, "interleaved_1f1b": 2}
 RC_CODE = {"none": 0, "selective": 1, "full": 2}
@@ -51,28 +53,34 @@ class Consts:
     pos_rows: int = 0
     matmul_per_layer: int = 0
     tensors_per_layer: int = 12
+    gpus_per_node: int = 8
+    intra_bw: float = 0.0
+    """NVLink bytes/s per GPU (raw datasheet figure; comm.py derives each group's bus bandwidth)."""
+    inter_bw: float = 0.0
+    """NIC bytes/s per GPU (raw)."""
 
     @classmethod
     def of(cls, cfg: PlanConfig, eff: object | None = None) -> "Consts":
-        c, m, par = cfg.cluster, cfg.model, cfg.parallel
+        c, m, par, tp = cfg.cluster, cfg.model, cfg.parallel, cfg.tensor_parallel.size
         e = cfg.efficiency if eff is None else eff
         intra = (c.intra_node_bw_GBps * 1e9, c.intra_node_latency_us * 1e-6)
         inter = (c.inter_node_bw_GBps * 1e9, c.inter_node_latency_us * 1e-6)
         gpn = c.gpus_per_node
         # Megatron's rank order is tp fastest, then dp, then pp: a TP group is tp consecutive ranks, a DP
         # group spans tp*dp ranks, and a pipeline spans all of them.
-        tp_link = intra if par.tp <= gpn else inter
-        dp_link = intra if par.tp * par.dp <= gpn else inter
-        pp_link = intra if par.tp * par.dp * par.pp <= gpn else inter
+        tp_link = intra if tp <= gpn else inter
+        dp_link = intra if tp * par.dp <= gpn else inter
+        pp_link = intra if tp * par.dp * par.pp <= gpn else inter
         return cls(
             h=m.hidden_size, a=m.num_heads, ffn=m.ffn, L=m.num_layers, V=m.vocab_size, s=cfg.job.seq_len,
-            gbs=cfg.job.global_batch, t=par.tp, p=par.pp, d=par.dp, sp=par.sequence_parallel and par.tp > 1,
+            gbs=cfg.batch.global_batch, t=tp, p=par.pp, d=par.dp, sp=cfg.tensor_parallel.sequence_parallel and tp > 1,
             flash=m.flash_attention, peak=c.peak_flops, hbm=c.hbm_bytes, hbm_bw=c.hbm_bw_GBps * 1e9,
             bw_tp=tp_link[0] * e.tp_bw_eff, lat_tp=tp_link[1], bw_pp=pp_link[0] * e.pp_bw_eff,
             lat_pp=pp_link[1], bw_dp=dp_link[0] * e.dp_bw_eff, lat_dp=dp_link[1],
             params_per_layer=m.params_per_layer, total_params=m.total_params, tied=m.tied_embeddings,
             num_gpus=c.num_gpus, eff=e, precision=cfg.job.precision, pos_rows=m.position_embeddings,
             matmul_per_layer=m.matmul_params_per_layer, tensors_per_layer=m.tensors_per_layer,
+            gpus_per_node=gpn, intra_bw=intra[0], inter_bw=inter[0],
         )
 
 
@@ -106,15 +114,18 @@ def encode(cfgs: Sequence[PlanConfig]) -> Knobs:
     """Knob arrays for validated configs (they must share parallel degrees)."""
     rows = []
     for cfg in cfgs:
-        rc, pipe, dp = cfg.recompute, cfg.pipeline, cfg.data_parallel
+        rc, pipe, dp, opt = cfg.recompute, cfg.pipeline, cfg.data_parallel, cfg.optimizer
+        # torch DDP always overlaps its buckets; FSDP is only accepted at dp = 1, where nothing is reduced.
+        overlap = dp.overlap_grad_reduce if isinstance(dp, ReplicateDP) else isinstance(dp, TorchDDP)
+        bucket_mb = getattr(dp, "bucket_mb", ReplicateDP.bucket_mb)
         mods = rc.modules if isinstance(rc, SelectiveRecompute) else ()
         rows.append((
             cfg.batch.micro_batch_size, cfg.microbatches, SCHED_CODE[pipe.schedule], pipe.virtual_stages,
             RC_CODE[rc.kind], isinstance(rc, FullRecompute) and rc.method == "block",
             rc.num_layers if isinstance(rc, FullRecompute) else 0,
             "core_attn" in mods, "mlp" in mods, "norm" in mods,
-            dp.overlap_grad_reduce, dp.overlap_param_gather, dp.distributed_optimizer, dp.bucket_mb,
-            4.0 if dp.grad_reduce_dtype == "fp32" else 2.0,
+            overlap, opt.overlap_param_gather, opt.distributed, bucket_mb,
+            4.0 if opt.grad_reduce_dtype == "fp32" else 2.0,
         ))
     cols = list(zip(*rows))
     i = lambda k: np.asarray(cols[k], dtype=np.int64)  # noqa: E731

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from .band import Band, load_band
 from .config import PlanConfig
 from .knobs import Consts, encode
 from .memory import stage_memory
@@ -55,23 +56,42 @@ class Prediction:
     microbatches: int
     critical_stage: int
     """Index of the stage whose per-microbatch work sets the pipeline's pace."""
+    step_time_low_s: float
+    """Lower end of the band around step_time_s (see band_basis)."""
+    step_time_high_s: float
+    """Upper end of the band: what a robust plan is judged by."""
+    band_basis: str
+    """Where the band comes from (coverage, quantiles, how many held-out runs)."""
+    efficiency_basis: str
+    """prior | blind | calibrated | fitted: which kind of efficiency set produced this prediction."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def predict(cfg: PlanConfig) -> Prediction:
-    """The planner's estimate for one validated config."""
+def point_step_time(cfg: PlanConfig) -> float:
+    """The point step time alone, with no band: what the band itself is computed from."""
+    return float(step_times(Consts.of(cfg), encode([cfg]))["step_time_s"][0])
+
+
+def predict(cfg: PlanConfig, band: Band | None = None) -> Prediction:
+    """The planner's estimate for one validated config, with its band (default: the corpus's stored band)."""
     C, K = Consts.of(cfg), encode([cfg])
     t = {k: float(v[0]) for k, v in step_times(C, K).items()}
     mem = stage_memory(C, K)
     stages = [{k: float(mem[k][0, s]) for k in ("params", "grads", "optimizer", "activations", "reserved", "total")}
               for s in range(cfg.parallel.pp)]
-    tokens_per_s = cfg.job.tokens / t["step_time_s"]
+    tokens_per_s = cfg.batch.global_batch * cfg.job.seq_len / t["step_time_s"]
     mfu = 6.0 * cfg.model.total_params * tokens_per_s / (cfg.cluster.num_gpus * cfg.cluster.peak_flops)
     return Prediction(
         step_time_s=t["step_time_s"], **{k: t[k] for k in BREAKDOWN}, compute_track_s=t["compute_track_s"],
         peak_memory_bytes=float(mem["peak"][0]), memory_per_stage=stages, fits_memory=bool(mem["fits"][0]),
         tokens_per_s=tokens_per_s, mfu=mfu, mfu_basis=MFU_BASIS, microbatches=cfg.microbatches,
-        critical_stage=int(t["critical_stage"]),
+        critical_stage=int(t["critical_stage"]), **_band_fields(t["step_time_s"], band or load_band()),
+        efficiency_basis=cfg.efficiency.basis,
     )
+
+
+def _band_fields(point: float, band: Band) -> dict[str, Any]:
+    lo, hi = band.apply(point)
+    return {"step_time_low_s": lo, "step_time_high_s": hi, "band_basis": band.basis}

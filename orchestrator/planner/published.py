@@ -28,8 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cluster import ClusterSpec, Efficiency, JobSpec, ModelSpec
-from .config import (BatchConfig, DataParallelConfig, FullRecompute, ParallelConfig, PipelineConfig, PlanConfig,
-                     SelectiveRecompute)
+from trainer.knobs import (BatchConfig, FullRecompute, ParallelConfig, PipelineConfig, ReplicateDP,
+                           SelectiveRecompute)
+
+from .config import OptimizerSharding, PlanConfig, TensorParallel
 
 
 def a100_cluster(num_gpus: int) -> ClusterSpec:
@@ -39,7 +41,7 @@ def a100_cluster(num_gpus: int) -> ClusterSpec:
 
 
 A100_PRIOR = Efficiency(matmul_eff=0.6, gemm_tokens_half=256.0, attention_eff=0.3, op_overhead_us=50.0,
-                        tp_bw_eff=0.7, tp_overlap=0.0, pp_bw_eff=0.7, dp_bw_eff=0.7, dp_overlap_microbatches=1.0,
+                        tp_bw_eff=0.7, tp_overlap=0.0, pp_bw_eff=0.7, dp_bw_eff=0.7,
                         optimizer_bw_eff=0.5, mem_reserved_gb=4.0, mem_activation_factor=1.0)
 """Starting values for the A100 fit: 2021-22 Megatron had no TP overlap and unfused attention."""
 
@@ -71,14 +73,15 @@ class PublishedRun:
             cluster=a100_cluster(self.gpus),
             model=ModelSpec(num_layers=self.layers, hidden_size=self.hidden, num_heads=self.heads,
                             vocab_size=51200, tied_embeddings=True, flash_attention=False),
-            job=JobSpec(global_batch=self.batch, seq_len=2048), efficiency=eff,
-            parallel=ParallelConfig(tp=self.tp, pp=self.pp, dp=dp, sequence_parallel=self.recompute == "selective"),
+            job=JobSpec(seq_len=2048), efficiency=eff, parallel=ParallelConfig(pp=self.pp, dp=dp),
+            tensor_parallel=TensorParallel(size=self.tp, sequence_parallel=self.recompute == "selective"),
             pipeline=PipelineConfig(schedule="interleaved_1f1b" if interleaved else "1f1b",
                                     virtual_stages=self.virtual_stages),
-            batch=BatchConfig(self.micro_batch),
+            batch=BatchConfig(global_batch=self.batch, micro_batch_size=self.micro_batch),
             recompute=SelectiveRecompute() if self.recompute == "selective" else FullRecompute("uniform", 1),
-            data_parallel=DataParallelConfig(overlap_grad_reduce=False, overlap_param_gather=False, bucket_mb=100.0,
-                                             distributed_optimizer=self.distributed_optimizer),
+            # 50M-element buckets: 200 MB of fp32 main gradients.
+            data_parallel=ReplicateDP(overlap_grad_reduce=False, bucket_mb=200.0),
+            optimizer=OptimizerSharding(distributed=self.distributed_optimizer, overlap_param_gather=False),
         )
 
     def eq3_flops(self) -> float:

@@ -1,6 +1,6 @@
 """Update time: compute per layer, tensor/pipeline/data-parallel communication, pipeline schedule.
 
-Sources, per formula (also in the README, section "The planner"):
+Sources, per formula (also in docs/planner.md):
 
 * GEMM FLOPs of a layer's forward pass, 2 * tokens * (4h^2 + 2h*ffn) = 24 b s h^2 for ffn = 4h, and
   attention scores 4 b s^2 h: Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU
@@ -16,15 +16,16 @@ Sources, per formula (also in the README, section "The planner"):
   balanced: the bubble (p-1)/(v m) of Narayanan et al. Sec. 2.2. Point-to-point: 2 sends of b s h / t
   (scatter/gather optimisation, Sec. 4.1) per microbatch per chunk on the critical path.
 * Data parallelism: buckets of the distributed optimizer's reduce-scatter / all-gather (Megatron
-  distributed optimizer docs) or all-reduce; with overlap, buckets become ready evenly over the overlap
-  window and are sent one after another, so the exposed tail is max(one bucket, total - window + one
-  window slice).
+  distributed optimizer docs) or all-reduce, at the group's bus bandwidth, overlapped as Megatron overlaps
+  them (the last microbatch's backward, the first microbatch's forward, the pipeline drain): comm.py.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .comm import (all_gather_time, all_reduce_time, bucket_tail, bus_bandwidth, exposed_after_slack,
+                   reduce_scatter_time)
 from .knobs import Consts, Knobs, recomputed_layers, stage_params, state_bytes
 
 TP_OPS_FWD = 4
@@ -52,7 +53,9 @@ def layer_costs(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     eta = e.matmul_eff * T / (T + e.gemm_tokens_half)
     gemm = 2.0 * T * (4 * C.h * C.h + 2 * C.h * C.ffn) / C.t / (C.peak * eta)
     mlp = 2.0 * T * (2 * C.h * C.ffn) / C.t / (C.peak * eta)
-    attn = 4.0 * T * C.s * C.h * (0.5 if C.flash else 1.0) / C.t / (C.peak * e.attention_eff)
+    flash_eff = getattr(e, "flash_attention_eff", None)
+    attn_eff = flash_eff if (C.flash and flash_eff is not None) else e.attention_eff
+    attn = 4.0 * T * C.s * C.h * (0.5 if C.flash else 1.0) / C.t / (C.peak * attn_eff)
     tp_op = _ring(C.t, 2.0 * T * C.h, C.bw_tp, C.lat_tp) * (1.0 - e.tp_overlap)
     ovh = e.op_overhead_us * 1e-6
     bwd_tp_ops = TP_OPS_FWD + (2 if C.sp else 0)
@@ -87,36 +90,51 @@ def stage_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
             "rec_tp": rec_tp, "F": f_comp + f_tp, "B": b_comp + b_tp + rec_comp + rec_tp, "p2p": lc["p2p"]}
 
 
-def _overlapped(per_bucket, n_buckets, window):
-    """Exposed seconds of n equal buckets ready evenly over ``window`` and sent back to back."""
-    slice_ = window / n_buckets
-    return per_bucket + (n_buckets - 1) * np.maximum(0.0, per_bucket - slice_)
+def dp_bus_bandwidth(C: Consts) -> float:
+    """Bus bandwidth of a data-parallel group (bytes/s per GPU, after dp_bw_eff): comm.bus_bandwidth.
+
+    Megatron's rank order is tp fastest, then dp: a DP group's members are tp ranks apart, so a node of
+    gpus_per_node GPUs holds gpus_per_node / tp of them (at least one) once tp * dp spans nodes.
+    """
+    if C.intra_bw <= 0.0:  # Consts built without raw link figures: the link Consts.of chose
+        return C.bw_dp
+    per_node = C.d if C.t * C.d <= C.gpus_per_node else max(1, C.gpus_per_node // C.t)
+    return bus_bandwidth(C.d, per_node, C.intra_bw, C.inter_bw) * C.eff.dp_bw_eff
 
 
 def dp_times(C: Consts, K: Knobs, F: np.ndarray, B: np.ndarray) -> dict[str, np.ndarray]:
-    """Data-parallel traffic per stage and what of it the critical path sees.
+    """Data-parallel traffic per stage and what of it the update waits for (see comm.py for the rules).
 
     Reduce-scatter of gradients (grad_bytes each) then all-gather of bf16 parameters with the distributed
-    optimizer; one all-reduce of gradients without it. Bucketing splits each into ceil(params / bucket)
-    collectives. With overlap the gradient buckets hide under the last k backward passes and parameter
-    buckets under the first k forward passes of the stage (k = dp_overlap_microbatches).
+    optimizer; one all-reduce of gradients without it; ceil(params / bucket) buckets each. ``F`` and ``B``
+    are one microbatch's forward and backward (with recompute) per stage, (n, pp). Gradient buckets overlap
+    the last microbatch's backward when overlap_grad_reduce is on; stage s also has the pipeline drain of the
+    stages before it in hand. Parameter buckets overlap the first microbatch's forward (plus the fill
+    ahead of stage s) when overlap_param_gather is on, else they follow the optimizer step in full.
     """
     P = stage_params(C, K)
     col = lambda x: x[:, None]  # noqa: E731
     zero = np.zeros_like(P)
     if C.d <= 1:
-        return {"rs": zero, "ag": zero, "total": zero, "P": P}
-    elems = col(K.bucket_mb) * 1e6 / 2.0
-    nb = np.maximum(1.0, np.ceil(P / elems))
+        return {"rs": zero[:, 0], "ag": zero[:, 0], "total": zero, "P": P}
+    bus = dp_bus_bandwidth(C)
     weight_bytes, grad_bytes = state_bytes(C, K)
+    # bucket_mb is MB of gradients in the dtype they are reduced in (trainer.knobs.ReplicateDP).
+    elems = col(K.bucket_mb) * 1e6 / col(grad_bytes)
+    nb = np.maximum(1.0, np.ceil(P / elems))
     grad_bucket = P * col(grad_bytes) / nb
     dist = col(K.dist)
-    c_rs = np.where(dist, _ring(C.d, grad_bucket, C.bw_dp, C.lat_dp),
-                    _ring(C.d, grad_bucket, C.bw_dp, C.lat_dp, factor=2.0))
-    c_ag = np.where(dist, _ring(C.d, P * weight_bytes / nb, C.bw_dp, C.lat_dp), 0.0)
-    k = np.minimum(C.eff.dp_overlap_microbatches, col(K.m).astype(float))
-    rs = np.where(col(K.ogr), _overlapped(c_rs, nb, k * B), nb * c_rs)
-    ag = np.where(col(K.opg), _overlapped(c_ag, nb, k * F), nb * c_ag)
+    c_rs = np.where(dist, reduce_scatter_time(C.d, grad_bucket, bus, C.lat_dp),
+                    all_reduce_time(C.d, grad_bucket, bus, C.lat_dp))
+    c_ag = np.where(dist, all_gather_time(C.d, P * weight_bytes / nb, bus, C.lat_dp), 0.0)
+    v = col(K.v).astype(float)
+    # Stage s's last backward ends sum_{j<s} B_j / v before stage 0's; its first forward starts that much later.
+    slack_b = np.concatenate([zero[:, :1], np.cumsum(B, axis=1)[:, :-1]], axis=1) / v
+    slack_f = np.concatenate([zero[:, :1], np.cumsum(F, axis=1)[:, :-1]], axis=1) / v
+    rs_tail = np.where(col(K.ogr), bucket_tail(c_rs, nb, B), nb * c_rs)
+    ag_tail = np.where(col(K.opg), bucket_tail(c_ag, nb, F), nb * c_ag)
+    rs = exposed_after_slack(rs_tail, slack_b).max(axis=1)
+    ag = np.where(K.opg, exposed_after_slack(ag_tail, slack_f).max(axis=1), ag_tail.max(axis=1))
     return {"rs": rs, "ag": ag, "total": nb * (c_rs + c_ag), "P": P}
 
 
@@ -147,7 +165,7 @@ def step_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
         "tp_comm_s": m * (at(st["f_tp"]) + at(st["b_tp"]) + at(st["rec_tp"])),
         "pp_bubble_s": bubble,
         "pp_p2p_s": p2p,
-        "dp_exposed_s": dp["rs"].max(axis=1) + dp["ag"].max(axis=1),
+        "dp_exposed_s": dp["rs"] + dp["ag"],
         "dp_total_s": dp["total"].max(axis=1),
         "optimizer_s": optimizer,
         "critical_stage": crit,

@@ -22,7 +22,7 @@ from trainer.config import TrainConfig, apply_overrides
 CLUSTER = ClusterSpec(name="synthetic-cpu", num_gpus=2, gpus_per_node=64, peak_tflops=0.2, hbm_gb=8.0,
                       hbm_bw_GBps=10.0, intra_node_bw_GBps=1.0, intra_node_latency_us=150.0)
 TRUE = Efficiency(matmul_eff=0.45, gemm_tokens_half=256.0, attention_eff=0.15, op_overhead_us=400.0, pp_bw_eff=0.3,
-                  dp_bw_eff=0.5, dp_overlap_microbatches=1.0, optimizer_bw_eff=0.2, mem_reserved_gb=0.0,
+                  dp_bw_eff=0.5, optimizer_bw_eff=0.2, mem_reserved_gb=0.0,
                   mem_activation_factor=1.2)
 START = Efficiency(matmul_eff=0.3, gemm_tokens_half=256.0, attention_eff=0.1, op_overhead_us=300.0, pp_bw_eff=0.5,
                    dp_bw_eff=0.8, optimizer_bw_eff=0.1, mem_reserved_gb=0.0)

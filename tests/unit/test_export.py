@@ -45,7 +45,7 @@ TABLE = [
                  ["--ddp-bucket-size"], ["differs: data_parallel.kind=fsdp", "not mapped: data_parallel.prefetch=1",
                                          "not mapped: data_parallel.reshard_after_forward=true"], id="fsdp"),
     pytest.param({"data_parallel.kind": "torch_ddp", "data_parallel.bucket_mb": 25.0},
-                 {"--overlap-grad-reduce": [], "--ddp-bucket-size": [str(25 * 2 ** 20 // 4)]},
+                 {"--overlap-grad-reduce": [], "--ddp-bucket-size": [str(25 * 10 ** 6 // 4)]},
                  ["--use-distributed-optimizer"], ["differs: data_parallel.kind=torch_ddp"], id="torch-ddp"),
     pytest.param({"recompute.kind": "selective", "recompute.modules": ["core_attn", "mlp", "norm"]},
                  {"--recompute-granularity": ["selective"], "--recompute-modules": ["core_attn", "mlp", "layernorm"]},
@@ -325,14 +325,14 @@ def _plan(**overrides) -> dict:
     plan = {"cluster": {"name": "b200-5120", "num_gpus": 5120, "gpus_per_node": 8, "peak_tflops": 2250},
             "model": {"num_layers": 96, "hidden_size": 20480, "num_heads": 160, "ffn_hidden_size": 81920,
                       "vocab_size": 256000, "tied_embeddings": False, "flash_attention": True},
-            "job": {"global_batch": 1920, "seq_len": 8192},
+            "job": {"seq_len": 8192},
             "efficiency": {"matmul_eff": 0.8, "dp_bw_eff": 0.251},
-            "parallel": {"tp": 8, "pp": 8, "dp": 80, "sequence_parallel": True},
-            "batch": {"micro_batch_size": 1},
+            "parallel": {"pp": 8, "dp": 80}, "tensor_parallel": {"size": 8, "sequence_parallel": True},
+            "batch": {"global_batch": 1920, "micro_batch_size": 1},
             "pipeline": {"schedule": "1f1b", "virtual_stages": 1, "split": {"kind": "balanced"}},
             "recompute": {"kind": "full", "method": "block", "num_layers": 2},
-            "data_parallel": {"overlap_grad_reduce": False, "overlap_param_gather": False, "bucket_mb": 160,
-                              "distributed_optimizer": True, "grad_reduce_dtype": "fp32"}}
+            "data_parallel": {"kind": "replicate", "overlap_grad_reduce": False, "bucket_mb": 320},
+            "optimizer": {"distributed": True, "overlap_param_gather": False, "grad_reduce_dtype": "fp32"}}
     return apply_overrides(plan, {k.replace("__", "."): v for k, v in overrides.items()})
 
 
@@ -346,23 +346,24 @@ def _plan(**overrides) -> dict:
                       "--untie-embeddings-and-output-weights": []},
                  ["--overlap-grad-reduce", "--overlap-param-gather", "--decoder-first-pipeline-num-layers"],
                  ["not mapped: model.vocab_size=256000", "cost-model inputs", "cluster.num_gpus",
-                  "efficiency.dp_bw_eff", "converted: data_parallel.bucket_mb=160"], id="preset-500b-baseline"),
-    pytest.param({"data_parallel.overlap_grad_reduce": True, "data_parallel.overlap_param_gather": True},
+                  "efficiency.dp_bw_eff", "converted: data_parallel.bucket_mb=320"], id="preset-500b-baseline"),
+    pytest.param({"data_parallel.overlap_grad_reduce": True, "optimizer.overlap_param_gather": True},
                  {"--overlap-grad-reduce": [], "--overlap-param-gather": []}, [], [], id="overlap"),
-    pytest.param({"data_parallel.overlap_param_gather": True}, {}, ["--overlap-param-gather"],
-                 ["not mapped: data_parallel.overlap_param_gather=true without overlap_grad_reduce"],
+    pytest.param({"optimizer.overlap_param_gather": True}, {}, ["--overlap-param-gather"],
+                 ["not mapped: optimizer.overlap_param_gather=true without overlap_grad_reduce"],
                  id="param-gather-alone"),
+    # first/last count layers per model chunk (16 chunks: 5, 14 x 6, 7): uneven chunks, as for the trainer.
     pytest.param({"pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 2,
-                  "pipeline.split": {"kind": "first_last", "first": 10, "last": 14}},
-                 {"--num-virtual-stages-per-pipeline-rank": ["2"], "--decoder-first-pipeline-num-layers": ["10"],
-                  "--decoder-last-pipeline-num-layers": ["14"]}, ["--num-layers-per-virtual-pipeline-stage"], [],
+                  "pipeline.split": {"kind": "first_last", "first": 5, "last": 7}},
+                 {}, ["--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers"],
+                 ["not mapped: pipeline.split with 2 virtual stages per rank gives uneven model chunks"],
                  id="uneven-interleaved"),
     pytest.param({"pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 3},
                  {"--num-layers-per-virtual-pipeline-stage": ["4"]}, ["--decoder-first-pipeline-num-layers"], [],
                  id="interleaved"),
     pytest.param({"recompute": {"kind": "selective", "modules": ["core_attn", "mlp"]}},
                  {"--recompute-modules": ["core_attn", "mlp"]}, ["--recompute-method"], [], id="selective"),
-    pytest.param({"data_parallel.grad_reduce_dtype": "bf16", "model.tied_embeddings": True, "parallel.tp": 1,
+    pytest.param({"optimizer.grad_reduce_dtype": "bf16", "model.tied_embeddings": True, "tensor_parallel.size": 1,
                   "parallel.dp": 640},
                  {"--grad-reduce-in-bf16": []}, ["--untie-embeddings-and-output-weights", "--sequence-parallel"], [],
                  id="bf16-grads-tied"),
@@ -373,12 +374,26 @@ def test_megatron_flags_for_a_plan(overrides, present, absent, note_parts):
     check_flags(args, notes, present, absent, note_parts)
 
 
+def test_a_plan_written_before_the_shared_knobs_exports_the_same_flags():
+    """A ledger line from before trainer.knobs: parallel.tp, job.global_batch, bf16-MB buckets."""
+    old = _plan()
+    old["parallel"] = {"tp": 8, "pp": 8, "dp": 80, "sequence_parallel": True}
+    old["job"]["global_batch"] = 1920
+    old["batch"] = {"micro_batch_size": 1}
+    old["data_parallel"] = {"overlap_grad_reduce": False, "overlap_param_gather": False, "bucket_mb": 160,
+                            "distributed_optimizer": True, "grad_reduce_dtype": "fp32"}
+    del old["tensor_parallel"], old["optimizer"]
+    assert megatron_args_for_plan(old)[0] == megatron_args_for_plan(_plan())[0]
+
+
 def test_plan_export_is_labelled_predicted(tmp_path):
     base = _record(0, "baseline", 12.0, backend="model")
     base["config"] = _plan()
     best = _record(7, "trial", 9.2, backend="model")
     best["config"] = _plan(data_parallel__overlap_grad_reduce=True)
-    best["prediction"] = {"step_time_s": 9.2, "dp_exposed_s": 1.25, "pp_bubble_s": 0.5}
+    best["prediction"] = {"step_time_s": 9.2, "dp_exposed_s": 1.25, "pp_bubble_s": 0.5, "step_time_low_s": 8.5,
+                          "step_time_high_s": 12.3, "band_basis": "80% band", "efficiency_basis": "blind"}
+    best["config"]["efficiency"].update(basis="blind", basis_note="h100 set transferred")
     path = tmp_path / "l.jsonl"
     path.write_text(json.dumps(base) + "\n" + json.dumps(best) + "\n")
     paths = export_trial(path, None, tmp_path / "o")
@@ -387,6 +402,7 @@ def test_plan_export_is_labelled_predicted(tmp_path):
     summary = (tmp_path / "o" / "summary.md").read_text()
     assert "Predicted, not measured" in summary and "this trial (predicted)" in summary
     assert "5120 GPUs (tp 8 x pp 8 x dp 80)" in summary
+    assert "- efficiency set: blind (h100 set transferred)" in summary and "~8.50-12.30 s" in summary
     assert "| exposed dp communication (s, max rank) | n/a | 1.25 |" in summary
     assert "`data_parallel.overlap_grad_reduce`: false -> **true**" in summary
     assert "--overlap-grad-reduce" in (tmp_path / "o" / "megatron_args.txt").read_text()

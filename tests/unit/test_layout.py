@@ -61,6 +61,7 @@ def test_indivisible_batch_is_refused(gb, mbs, dp):
 def test_schedule_requirements(schedule, pp, v, n_micro, field):
     with pytest.raises(ValueError, match=field):
         layout.check_schedule(schedule, pp, v, n_micro)
+        layout.check_torch_schedule(schedule, pp, n_micro)
 
 
 def test_gpipe_accepts_fewer_microbatches_than_stages():
@@ -87,3 +88,42 @@ def test_stage_ids_loop_placement(pp_rank, pp, v, expected):
 ])
 def test_recompute_groups(ids, method, n, expected):
     assert layout.recompute_groups(ids, method, n) == expected
+
+
+# ---- the one split rule (trainer, planner and search space all call layout.split_counts) ------------------
+
+@pytest.mark.parametrize("n_layers,n_chunks,kw,expected", [
+    (8, 2, {}, [4, 4]),
+    (7, 2, {}, [4, 3]),
+    (10, 4, {}, [2, 3, 3, 2]),              # remainder to the middle chunks first
+    (11, 4, {}, [3, 3, 3, 2]),
+    (96, 8, {}, [12] * 8),
+    (96, 8, {"first": 9, "last": 9}, [9] + [13] * 6 + [9]),
+    (96, 8, {"first": 12, "last": 12}, [12] * 8),
+    (96, 8, {"first": 5}, [5] + [13] * 7),  # last unset: balanced with the middle
+    (96, 8, {"last": 5}, [13] * 7 + [5]),
+    (6, 2, {"first": 2, "last": 4}, [2, 4]),
+    (16, 16, {}, [1] * 16),
+    (6, 3, {"explicit": (1, 3, 2)}, [1, 3, 2]),
+])
+def test_split_counts_table(n_layers, n_chunks, kw, expected):
+    assert layout.split_counts(n_layers, n_chunks, **kw) == expected
+    assert [len(s) for s in layout.split_layers(n_layers, n_chunks, **kw)] == expected
+
+
+def test_the_split_classes_and_the_space_use_the_rule():
+    from orchestrator.space import Param, feasible_splits
+    from trainer.knobs import BalancedSplit, FirstLastSplit
+
+    assert FirstLastSplit(9, 9).counts(96, 8) == layout.split_counts(96, 8, first=9, last=9)
+    assert BalancedSplit().counts(10, 4) == layout.split_counts(10, 4)
+    p = Param("pipeline.split", "layer_split", first=(8, 14), last=(6, 12))
+    pairs = feasible_splits(p, 96, 8)
+    for f in range(8, 15):
+        for la in range(6, 13):
+            try:
+                layout.split_counts(96, 8, first=f, last=la)
+                ok = True
+            except ValueError:
+                ok = False
+            assert ((f, la) in pairs) == ok, (f, la)

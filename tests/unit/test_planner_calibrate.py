@@ -7,14 +7,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from orchestrator.planner import (ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig, PlanConfig,
+from orchestrator.planner import (BatchConfig, ClusterSpec, ReplicateDP, TensorParallel, Efficiency, JobSpec, ModelSpec, ParallelConfig, PlanConfig,
                                   apply_params, calibrate, predict)
 
 TRUE = Efficiency(matmul_eff=0.55, gemm_tokens_half=256.0, attention_eff=0.35, op_overhead_us=40.0, tp_bw_eff=0.6,
-                  tp_overlap=0.0, pp_bw_eff=0.7, dp_bw_eff=0.4, dp_overlap_microbatches=3.0,
+                  tp_overlap=0.0, pp_bw_eff=0.7, dp_bw_eff=0.4,
                   mem_reserved_gb=6.0, mem_activation_factor=1.15)
 START = Efficiency()   # the defaults: every fitted value starts 15-400% away from the truth
-FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "tp_bw_eff", "dp_bw_eff", "dp_overlap_microbatches",
+FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "tp_bw_eff", "dp_bw_eff",
        "mem_reserved_gb", "mem_activation_factor")
 METRICS = ("step_time_s", "forward_s", "backward_s", "recompute_s", "dp_exposed_s", "tp_comm_s")
 KNOBS = [
@@ -24,9 +24,9 @@ KNOBS = [
     {"recompute.kind": "selective"},
     {"recompute.kind": "full", "recompute.method": "uniform", "recompute.num_layers": 1},
     {"data_parallel.overlap_grad_reduce": True},
-    {"data_parallel.overlap_grad_reduce": True, "data_parallel.overlap_param_gather": True,
+    {"data_parallel.overlap_grad_reduce": True, "optimizer.overlap_param_gather": True,
      "batch.micro_batch_size": 2},
-    {"pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 2, "data_parallel.bucket_mb": 10.0},
+    {"pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 2, "data_parallel.bucket_mb": 20.0},
     {"recompute.kind": "full", "recompute.method": "block", "recompute.num_layers": 2,
      "data_parallel.overlap_grad_reduce": True},
 ]
@@ -36,7 +36,9 @@ def _base(eff: Efficiency) -> PlanConfig:
     return PlanConfig(
         cluster=ClusterSpec(num_gpus=128, gpus_per_node=8, peak_tflops=989, hbm_gb=80, inter_node_bw_GBps=25),
         model=ModelSpec(num_layers=16, hidden_size=4096, num_heads=32, vocab_size=50304, flash_attention=True),
-        job=JobSpec(global_batch=256, seq_len=4096), efficiency=eff, parallel=ParallelConfig(tp=4, pp=4, dp=8),
+        job=JobSpec(seq_len=4096), efficiency=eff, parallel=ParallelConfig(pp=4, dp=8),
+        tensor_parallel=TensorParallel(size=4), batch=BatchConfig(256),
+        data_parallel=ReplicateDP(overlap_grad_reduce=False, bucket_mb=80.0),   # 20M fp32 elements
     )
 
 
@@ -83,7 +85,8 @@ def test_trainer_result_shape_and_full_configs_are_read():
                          "backward": {"min": 0.0, "max": p.backward_s + p.recompute_s}}}
     cal = calibrate([record], _base(START), fit=("matmul_eff",))
     assert set(cal.errors_after) == {"step_time_s", "peak_memory_bytes", "forward_s", "backward_incl_recompute_s"}
-    assert dataclasses.replace(cal.efficiency, matmul_eff=START.matmul_eff) == START   # only the fitted field moved
+    assert cal.efficiency.basis == "fitted"
+    assert dataclasses.replace(cal.efficiency, matmul_eff=START.matmul_eff, basis=START.basis) == START  # only the fitted field moved
 
 
 @pytest.mark.parametrize("records, fit, match", [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,10 @@ import yaml
 
 from orchestrator.planner import (FirstLastSplit, FullRecompute, NoRecompute, PlanConfig, SelectiveRecompute,
                                   apply_params, knob_values, plan_config_from_dict, plan_config_to_dict)
-from orchestrator.planner.config import BalancedSplit, split_counts
+from orchestrator.planner.config import rank_layers
+from trainer.knobs import BalancedSplit
+from trainer import knobs, layout
+from trainer.config import TrainConfig
 
 PRESET = Path(__file__).resolve().parents[2] / "search_spaces" / "preset-500b.yaml"
 
@@ -32,7 +36,7 @@ def _planner(preset: dict, section: str, **changes) -> dict:
 
 
 def test_preset_parses_and_round_trips(preset, base):
-    assert base.parallel.tp * base.parallel.pp * base.parallel.dp == base.cluster.num_gpus == 5120
+    assert base.tensor_parallel.size * base.parallel.pp * base.parallel.dp == base.cluster.num_gpus == 5120
     assert base.microbatches == 24
     assert abs(base.model.total_params - 500e9) / 500e9 < 0.02
     assert plan_config_from_dict(plan_config_to_dict(base)) == base
@@ -43,15 +47,15 @@ def test_preset_parses_and_round_trips(preset, base):
 @pytest.mark.parametrize("section, changes, field", [
     ("parallel", {"pp": 0}, "planner.parallel.pp"),
     ("parallel", {"pp": 4}, "planner.parallel.dp"),           # tp*pp*dp no longer 5120
-    ("parallel", {"tp": 3, "dp": 80}, "planner.parallel"),
+    ("tensor_parallel", {"size": 3}, "planner.parallel.dp"),    # 3*8*80 GPUs
+    ("tensor_parallel", {"size": 16, "sequence_parallel": True}, "planner.parallel.dp"),
     ("model", {"num_heads": 7}, "planner.model.num_heads"),
     ("model", {"num_layers": "96"}, "planner.model.num_layers"),
     ("recompute", {"method": "blocky"}, "planner.recompute.method"),
     ("recompute", {"num_layers": 0}, "planner.recompute.num_layers"),
     ("data_parallel", {"bucket_size": 40}, "planner.data_parallel.bucket_size"),
     ("data_parallel", {"bucket_mb": -1}, "planner.data_parallel.bucket_mb"),
-    ("data_parallel", {"distributed_optimizer": False, "overlap_param_gather": True},
-     "planner.data_parallel.overlap_param_gather"),
+    ("optimizer", {"distributed": False, "overlap_param_gather": True}, "planner.optimizer.overlap_param_gather"),
     ("batch", {"micro_batch_size": 7}, "planner.batch.micro_batch_size"),
     ("pipeline", {"schedule": "zb"}, "planner.pipeline.schedule"),
     ("pipeline", {"schedule": "1f1b", "virtual_stages": 2}, "planner.pipeline.virtual_stages"),
@@ -64,12 +68,23 @@ def test_preset_parses_and_round_trips(preset, base):
 def test_bad_planner_values_name_the_field(preset, section, changes, field):
     with pytest.raises(ValueError) as err:
         plan_config_from_dict(_planner(preset, section, **changes))
-    assert str(err.value).startswith(field), str(err.value)
+    msg = str(err.value)   # "<field>: ..." or, for a key the config lacks, "unknown field <field> (did you mean ...)"
+    assert msg.startswith(field) or msg.startswith(f"unknown field {field}"), msg
+
+
+@pytest.mark.parametrize("section, changes, message", [
+    ("data_parallel", {"bucket_mbs": 40}, "did you mean planner.data_parallel.bucket_mb?"),
+    ("parallel", {"tp": 8}, "moved: use planner.tensor_parallel.size"),
+    ("job", {"global_batch": 1920}, "moved: use planner.batch.global_batch"),
+])
+def test_unknown_keys_get_a_hint(preset, section, changes, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        plan_config_from_dict(_planner(preset, section, **changes))
 
 
 def test_unknown_section_and_shorthand(preset):
-    with pytest.raises(ValueError, match=r"^planner\.optimizer: unknown section"):
-        plan_config_from_dict({**preset["planner"], "optimizer": {}})
+    with pytest.raises(ValueError, match=r"^unknown field planner\.optimiser \(did you mean planner\.optimizer\?\)"):
+        plan_config_from_dict({**preset["planner"], "optimiser": {}})
     cfg = plan_config_from_dict({**preset["planner"], "recompute": "none"})
     assert cfg.recompute == NoRecompute()
 
@@ -83,7 +98,7 @@ def test_unknown_section_and_shorthand(preset):
     ({"pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 5}, "pipeline.virtual_stages"),
     ({"pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 2, "batch.micro_batch_size": 2},
      "pipeline.schedule"),   # 12 microbatches is not a multiple of pp=8 (Megatron's rule)
-    ({"pipeline.split.kind": "first_last"}, "pipeline.split.first"),
+    ({"pipeline.split.kind": "first_last", "pipeline.split.first": 9}, "pipeline.split.first"),  # 87 over 7
     ({"pipeline.split.kind": "first_last", "pipeline.split.first": 11, "pipeline.split.last": 11},
      "pipeline.split.first"),
     ({"data_parallel.bucket_mb": 0}, "data_parallel.bucket_mb"),
@@ -117,25 +132,42 @@ def test_apply_params_switches_kinds_and_ignores_inactive_sub_knobs(base, preset
     assert knob_values(cfg)["recompute.num_layers"] == 2
 
 
+def test_planner_and_trainer_share_the_knob_classes():
+    """One definition: the planner's knob sections ARE the trainer's classes, not look-alikes."""
+    import dataclasses
+    import typing
+
+    plan = typing.get_type_hints(PlanConfig)
+    train = typing.get_type_hints(TrainConfig)
+    for section in knobs.KNOB_SECTIONS:
+        assert plan[section] is train[section] is knobs.KNOB_SECTIONS[section], section
+    own = {f.name for f in dataclasses.fields(PlanConfig)} - set(knobs.KNOB_SECTIONS)
+    assert own == {"cluster", "model", "job", "efficiency", "tensor_parallel", "optimizer"}
+
+
 @pytest.mark.parametrize("num_layers, pp", [(96, 8), (95, 8), (24, 4), (30, 2), (7, 3), (64, 64)])
-def test_every_layer_on_exactly_one_stage(num_layers, pp):
+def test_every_layer_on_exactly_one_rank(num_layers, pp):
     seen = 0
     for first, last in itertools.product(range(1, num_layers), repeat=2):
         try:
-            counts = split_counts(num_layers, pp, FirstLastSplit(first, last))
+            counts = rank_layers(num_layers, pp, 1, FirstLastSplit(first, last))
         except ValueError as err:
             assert str(err).startswith("pipeline.split.first:")
             continue
         seen += 1
+        assert counts == layout.split_counts(num_layers, pp, first=first, last=last)  # the one rule
         assert len(counts) == pp and sum(counts) == num_layers and min(counts) >= 1
         assert (counts[0], counts[-1]) == (first, last)
         assert len(set(counts[1:-1])) <= 1   # the middle is balanced
     assert seen > 0 or pp > num_layers
-    if num_layers % pp == 0:
-        assert split_counts(num_layers, pp, BalancedSplit()) == [num_layers // pp] * pp
-    else:
-        with pytest.raises(ValueError, match="^pipeline.split.kind:"):
-            split_counts(num_layers, pp, BalancedSplit())
+    if num_layers >= pp:
+        assert rank_layers(num_layers, pp, 1, BalancedSplit()) == layout.split_counts(num_layers, pp)
+
+
+def test_interleaved_ranks_need_equal_chunks():
+    assert rank_layers(96, 8, 3, BalancedSplit()) == [12] * 8          # 24 chunks of 4
+    with pytest.raises(ValueError, match="^pipeline.virtual_stages: 5 model chunks of unequal size"):
+        rank_layers(96, 8, 5, BalancedSplit())                          # 40 chunks: 2 or 3 layers
 
 
 def test_baseline_lies_within_the_space(preset, base):

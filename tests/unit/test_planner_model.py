@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.planner import (ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig, PlanConfig,
+from orchestrator.planner import (BatchConfig, ClusterSpec, ReplicateDP, TensorParallel, Efficiency, JobSpec, ModelSpec, ParallelConfig, PlanConfig,
                                   apply_params, enumerate_space, plan_config_from_dict, predict, predicts_oom)
 from orchestrator.planner.predict import BREAKDOWN
 
@@ -28,27 +28,41 @@ def baseline(preset) -> PlanConfig:
     return apply_params(plan_config_from_dict(preset["planner"]), preset["baseline"])
 
 
+CALIBRATED = {"matmul_eff": 0.88, "dp_bw_eff": 0.251, "basis": "calibrated"}
+"""The preset's documented calibrated set (its efficiency comment; bench/preset_500b.py solves these two)."""
+
+
+@pytest.fixture(scope="module")
+def calibrated(baseline) -> PlanConfig:
+    return dataclasses.replace(baseline, efficiency=dataclasses.replace(baseline.efficiency, **CALIBRATED))
+
+
 def near(value: float, target: float, tol: float = 0.05) -> bool:
     return abs(value - target) <= tol * target
 
 
-def test_article_baseline_is_12s_of_8s_compute_plus_4s_exposed(baseline):
-    p = predict(baseline)
+def test_calibrated_set_reproduces_the_article_baseline_12s_of_8s_compute_plus_4s_exposed(calibrated):
+    p = predict(calibrated)
     assert near(p.step_time_s, 12.0) and near(p.compute_track_s, 8.0) and near(p.dp_exposed_s, 4.0), p
     assert near(p.mfu, 0.34) and near(p.tokens_per_s, 1_310_720)
     assert p.fits_memory   # the article: there was memory to spare
 
 
-def test_article_overlap_moves_2s_under_compute_for_10s(baseline):
+def test_overlap_hides_no_more_than_the_last_microbatch_backward(baseline):
+    """Megatron reduces gradients only in the last microbatch: overlap can hide at most that backward pass
+    (stage 0, the critical one for DP, has no pipeline-drain slack), not the article's 2 s."""
     before, after = predict(baseline), predict(apply_params(baseline, OVERLAP))
-    assert near(after.step_time_s, 10.0) and near(after.mfu, 0.41)
     assert near(after.dp_total_s, before.dp_total_s, 0.001)     # the same 4 s of transfer ...
-    assert near(before.dp_exposed_s - after.dp_exposed_s, 2.0)  # ... 2 s of it now under computation
+    hidden = before.dp_exposed_s - after.dp_exposed_s
+    one_backward = (before.backward_s + before.recompute_s + before.tp_comm_s) / before.microbatches
+    assert 0.0 < hidden <= one_backward * 1.01
     assert after.compute_track_s == pytest.approx(before.compute_track_s)
 
 
+@pytest.mark.xfail(strict=True, reason="issue 9: with Megatron's last-microbatch overlap the preset's layout does "
+                   "not reach 9.30 s by overlap + no recompute; bench/results/preset_500b.md")
 def test_target_reachable_within_memory(baseline):
-    cfg = apply_params(baseline, {**OVERLAP, "data_parallel.overlap_param_gather": True, "recompute.kind": "none"})
+    cfg = apply_params(baseline, {**OVERLAP, "optimizer.overlap_param_gather": True, "recompute.kind": "none"})
     p = predict(cfg)
     assert p.step_time_s <= 9.30 and p.fits_memory
 
@@ -98,17 +112,17 @@ def test_bigger_microbatch_more_memory_and_a_larger_bubble_share(baseline):
 def test_overlap_hides_communication(baseline):
     base = predict(baseline)
     grad = predict(apply_params(baseline, OVERLAP))
-    both = predict(apply_params(baseline, {**OVERLAP, "data_parallel.overlap_param_gather": True}))
+    both = predict(apply_params(baseline, {**OVERLAP, "optimizer.overlap_param_gather": True}))
     assert base.dp_exposed_s > grad.dp_exposed_s > both.dp_exposed_s > 0
     assert base.dp_total_s == pytest.approx(both.dp_total_s)
 
 
 def test_bucket_size_trades_latency_against_the_last_bucket(baseline):
     exposed = {mb: predict(apply_params(baseline, {**OVERLAP, "data_parallel.bucket_mb": mb})).dp_exposed_s
-               for mb in (5.0, 200.0, 20000.0)}
-    assert exposed[200.0] < exposed[5.0] and exposed[200.0] < exposed[20000.0]
-    off = {mb: predict(apply_params(baseline, {"data_parallel.bucket_mb": mb})).dp_exposed_s for mb in (5.0, 200.0)}
-    assert off[200.0] < off[5.0]   # without overlap only the per-collective latency differs
+               for mb in (10.0, 400.0, 40000.0)}   # MB of fp32 gradients
+    assert exposed[400.0] < exposed[10.0] and exposed[400.0] < exposed[40000.0]
+    off = {mb: predict(apply_params(baseline, {"data_parallel.bucket_mb": mb})).dp_exposed_s for mb in (10.0, 400.0)}
+    assert off[400.0] < off[10.0]   # without overlap only the per-collective latency differs
 
 
 def test_more_virtual_stages_smaller_bubble(baseline):
@@ -139,7 +153,7 @@ def test_oom_prefilter(baseline):
 
 
 def test_no_distributed_optimizer_costs_optimizer_memory(baseline):
-    plain = apply_params(baseline, {"data_parallel.distributed_optimizer": False})
+    plain = apply_params(baseline, {"optimizer.distributed": False})
     shard, full = predict(baseline).memory_per_stage[3], predict(plain).memory_per_stage[3]
     params = shard["params"] / 2
     assert shard["optimizer"] == pytest.approx(12 * params / 80) and full["optimizer"] == pytest.approx(12 * params)
@@ -150,8 +164,9 @@ def _small() -> PlanConfig:
     return PlanConfig(
         cluster=ClusterSpec(num_gpus=64, gpus_per_node=8, peak_tflops=1000, hbm_gb=40),
         model=ModelSpec(num_layers=12, hidden_size=1024, num_heads=16, vocab_size=32000, flash_attention=False),
-        job=JobSpec(global_batch=32, seq_len=1024), efficiency=Efficiency(dp_overlap_microbatches=2.0),
-        parallel=ParallelConfig(tp=2, pp=4, dp=8),
+        job=JobSpec(seq_len=1024), efficiency=Efficiency(),
+        parallel=ParallelConfig(pp=4, dp=8), tensor_parallel=TensorParallel(size=2), batch=BatchConfig(32),
+        data_parallel=ReplicateDP(overlap_grad_reduce=False, bucket_mb=80.0),   # 20M fp32 elements
     )
 
 
@@ -167,9 +182,9 @@ SMALL_SPACE = {
     "recompute.method": {"type": "categorical", "choices": ["uniform", "block"], "when": {"recompute.kind": "full"}},
     "recompute.num_layers": {"type": "int", "low": 1, "high": 4, "when": {"recompute.kind": "full"}},
     "data_parallel.overlap_grad_reduce": {"type": "categorical", "choices": [False, True]},
-    "data_parallel.distributed_optimizer": {"type": "categorical", "choices": [False, True]},
-    "data_parallel.overlap_param_gather": {"type": "categorical", "choices": [False, True]},
-    "data_parallel.bucket_mb": {"type": "float", "low": 1.0, "high": 100.0, "log": True},
+    "optimizer.distributed": {"type": "categorical", "choices": [False, True]},
+    "optimizer.overlap_param_gather": {"type": "categorical", "choices": [False, True]},
+    "data_parallel.bucket_mb": {"type": "float", "low": 2.0, "high": 200.0, "log": True},
 }
 
 

@@ -35,7 +35,7 @@ MAPPING = [
     ({"parallel.pp": 2, "pipeline.split.kind": "first_last", "pipeline.split.first": 2, "pipeline.split.last": 4,
       "batch.micro_batch_size": 2},
      {"gpus": 2, "pp": 2, "split": FirstLastSplit(first=2, last=4), "mbs": 2, "microbatches": 8}),
-    ({"parallel.pp": 2, "model.n_layers": 7}, {"split": FirstLastSplit(first=4, last=3)}),  # trainer's [4, 3]
+    ({"parallel.pp": 2, "model.n_layers": 7}, {"split": BalancedSplit(), "stage_layers": [4, 3]}),  # the same rule
     ({"parallel.pp": 2, "model.n_layers": 8, "pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 2},
      {"schedule": "interleaved_1f1b", "v": 2, "split": BalancedSplit()}),
     ({"parallel.pp": 2, "pipeline.schedule": "gpipe", "run.precision": "bf16"},
@@ -46,9 +46,9 @@ MAPPING = [
     ({"recompute.kind": "selective", "recompute.modules": ["mlp", "norm"]},
      {"recompute": SelectiveRecompute(modules=("mlp", "norm"))}),
     ({"parallel.dp": 2, **REPLICATE, "data_parallel.bucket_mb": 2.0, "data_parallel.overlap_grad_reduce": False},
-     {"gpus": 2, "dp": 2, "bucket_mb": 1.0, "overlap": False, "microbatches": 8}),
+     {"gpus": 2, "dp": 2, "bucket_mb": 2.0, "overlap": False, "microbatches": 8}),   # the same MB, no conversion
     ({"parallel.dp": 2, "data_parallel.kind": "torch_ddp", "data_parallel.bucket_mb": 8.0},
-     {"dp": 2, "bucket_mb": 4.0, "overlap": True}),
+     {"dp": 2, "bucket_mb": 8.0, "kind": "torch_ddp"}),
 ]
 
 
@@ -56,17 +56,18 @@ MAPPING = [
 def test_mapping_table(overrides, expected):
     cfg = TrainConfig.from_dict(apply_overrides(BASE, overrides))
     plan = plan_for_trial(cfg, CPU, EXACT)
-    got = {"gpus": plan.cluster.num_gpus, "tp": plan.parallel.tp, "pp": plan.parallel.pp, "dp": plan.parallel.dp,
+    got = {"gpus": plan.cluster.num_gpus, "tp": plan.tensor_parallel.size, "pp": plan.parallel.pp, "dp": plan.parallel.dp,
            "schedule": plan.pipeline.schedule, "v": plan.pipeline.virtual_stages, "split": plan.pipeline.split,
            "recompute": plan.recompute, "precision": plan.job.precision, "mbs": plan.batch.micro_batch_size,
            "microbatches": plan.microbatches, "bucket_mb": plan.data_parallel.bucket_mb,
-           "overlap": plan.data_parallel.overlap_grad_reduce}
+           "overlap": getattr(plan.data_parallel, "overlap_grad_reduce", None), "kind": plan.data_parallel.kind,
+           "stage_layers": plan.stage_layers}
     assert {k: got[k] for k in expected} == expected
     m = plan.model
     assert (m.num_layers, m.hidden_size, m.num_heads, m.ffn, m.vocab_size) == (
         cfg.model.n_layers, cfg.model.d_model, cfg.model.n_heads, cfg.model.ffn_dim, cfg.model.vocab_size)
     assert (m.linear_biases, m.tied_embeddings, m.position_embeddings) == (False, False, cfg.model.seq_len)
-    assert not plan.data_parallel.distributed_optimizer and plan.efficiency is EXACT
+    assert not plan.optimizer.distributed and plan.efficiency is EXACT
     assert plan.stage_layers == [sum(len(c) for c in cfg.stage_layers()[r::cfg.parallel.pp])
                                  for r in range(cfg.parallel.pp)]
 
@@ -78,7 +79,7 @@ def test_mapping_notes_name_the_approximations():
 
 
 @pytest.mark.parametrize("overrides,match", [
-    ({"parallel.dp": 2, "data_parallel.kind": "fsdp"}, "data_parallel.kind=fsdp"),
+    ({"parallel.dp": 2, "data_parallel.kind": "fsdp"}, "data_parallel.kind: fsdp is not predicted"),
     # 6 layers over 4 chunks: [1, 2, 2, 1], so each rank holds a 1-layer and a 2-layer chunk.
     ({"parallel.pp": 2, "pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 2,
       "batch.micro_batch_size": 2}, "unequal size"),

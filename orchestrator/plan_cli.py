@@ -1,0 +1,174 @@
+"""``python -m orchestrator plan --config FILE [key=value ...] [--json]``: one "what if", no sweep.
+
+The config is a sweep file with ``backend: model``: its ``planner:`` section and ``baseline:`` knobs make the
+planned config, and each ``key=value`` changes it:
+
+* a knob (``data_parallel.overlap_grad_reduce=true``, ``batch.micro_batch_size=2``; see planner KNOBS) is
+  applied on top of the baseline;
+* ``planner.<section>.<field>=value`` (``planner.efficiency.matmul_eff=0.85``) changes the planner section.
+
+Values are read as YAML scalars (``true``, ``3``, ``0.5``, ``[mlp, norm]``). Out comes the prediction: the
+breakdown along the critical path, memory per pipeline stage, MFU with its peak basis, the band and which
+efficiency set produced it, and the file's target judged at the point and at the band's upper end. A bad
+config or key is one line on stderr naming the field, exit status 2, before anything is predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+DEFAULT_CONFIG = "search_spaces/preset-500b.yaml"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"sweep file with backend: model (default: {DEFAULT_CONFIG})")
+    p.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="knobs on top of the baseline, or planner.<section>.<field>=value")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        out = plan(args.config, args.overrides)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(out, indent=2) if args.json else render(out))
+    return 0
+
+
+def _did_you_mean(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else f"; known: {', '.join(known)}"
+
+
+def _flat(d: Mapping[str, Any], prefix: str) -> list[str]:
+    out = []
+    for k, v in d.items():
+        out += _flat(v, f"{prefix}.{k}") if isinstance(v, Mapping) else [f"{prefix}.{k}"]
+    return out
+
+
+def _split_overrides(items: list[str], planner: dict, known_planner: list[str]) -> dict[str, Any]:
+    """Apply planner.* overrides to ``planner`` in place; return the knob overrides."""
+    from orchestrator.planner import KNOBS
+
+    knobs: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override {item!r} must look like key=value (e.g. data_parallel.overlap_grad_reduce=true)")
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError:
+            value = raw
+        if key.startswith("planner."):
+            if key not in known_planner:
+                section = ".".join(key.split(".")[:2])
+                fields = [k for k in known_planner if k.startswith(section + ".")]
+                what = "field" if fields else "section"
+                raise ValueError(f"{key}: unknown planner {what}{_did_you_mean(key, fields or known_planner)}")
+            node = planner
+            parts = key.split(".")[1:]
+            for part in parts[:-1]:
+                if isinstance(node.get(part), str):  # shorthand ``recompute: none`` -> a mapping
+                    node[part] = {"kind": node[part]}
+                node = node.setdefault(part, {})
+            node[parts[-1]] = value
+        elif key in KNOBS:
+            knobs[key] = value
+        else:
+            raise ValueError(f"{key}: unknown knob{_did_you_mean(key, list(KNOBS) + ['planner.<section>.<field>'])}")
+    return knobs
+
+
+def plan(path: str | Path, overrides: list[str]) -> dict[str, Any]:
+    """The prediction for the sweep file's baseline with ``overrides`` applied, as a JSON-able mapping."""
+    from orchestrator import planner as pl
+    from orchestrator.target import parse_target
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--config {path}: no such file")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("planner"), Mapping):
+        raise ValueError(f"{path}: planner: section missing (plan reads a sweep file with backend: model)")
+    if raw.get("backend", "model") != "model":
+        raise ValueError(f"{path}: backend: is {raw.get('backend')!r}; plan needs backend: model")
+    planner = json.loads(json.dumps(raw["planner"]))  # a deep copy
+    # Every field a planner section has (the file's, and the defaults of those it leaves out).
+    defaults = pl.plan_config_to_dict(pl.PlanConfig(cluster=pl.ClusterSpec(num_gpus=1)))
+    options = [f"planner.recompute.{f}" for f in ("kind", "method", "num_layers", "modules")] + [
+        f"planner.pipeline.split.{f}" for f in ("kind", "first", "last")]
+    known = sorted(set(_flat(defaults, "planner")) | set(_flat(planner, "planner")) | set(options))
+    knobs = _split_overrides(list(overrides), planner, known)
+    base_knobs = dict(raw.get("baseline") or {})
+    try:
+        base = pl.plan_config_from_dict(planner)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    try:
+        baseline = pl.apply_params(base, base_knobs)
+    except ValueError as e:
+        raise ValueError(f"{path}: baseline.{e}") from None
+    cfg = pl.apply_params(baseline, knobs) if knobs else baseline
+    pred, base_pred = pl.predict(cfg), pl.predict(baseline)
+    target = parse_target(raw.get("target")) if raw.get("target") is not None else None
+    target_s = target.seconds(base_pred.step_time_s) if target else None
+    verdict = None
+    if target_s is not None:
+        verdict = ("robust" if pred.step_time_high_s <= target_s else
+                   "point only" if pred.step_time_s <= target_s else "not met")
+    return {
+        "source": str(path), "overrides": list(overrides), "predicted": True,
+        "efficiency_basis": cfg.efficiency.basis, "efficiency_note": cfg.efficiency.basis_note,
+        "peak_tflops_per_gpu": cfg.cluster.peak_tflops, "num_gpus": cfg.cluster.num_gpus,
+        "knobs": pl.knob_values(cfg), "baseline_step_time_s": base_pred.step_time_s,
+        "target": target.describe(base_pred.step_time_s) if target else None, "target_s": target_s,
+        "target_verdict": verdict, "prediction": pred.to_dict(), "config": pl.plan_config_to_dict(cfg),
+    }
+
+
+_PARTS = (("forward", "forward_s"), ("backward", "backward_s"), ("recompute", "recompute_s"),
+          ("exposed dp comm", "dp_exposed_s"), ("pp bubble", "pp_bubble_s"), ("pp p2p", "pp_p2p_s"),
+          ("tp comm", "tp_comm_s"), ("optimizer", "optimizer_s"))
+
+
+def render(out: Mapping[str, Any]) -> str:
+    p, k = out["prediction"], out["knobs"]
+    gb = 1e9
+    lines = [f"plan: {out['source']}" + (f" + {' '.join(out['overrides'])}" if out["overrides"] else "")
+             + "  (PREDICTED by the planner, not measured)",
+             f"layout: tp {k['tensor_parallel.size']} x pp {k['parallel.pp']} x dp {k['parallel.dp']} on {out['num_gpus']} "
+             f"GPUs; micro_batch_size {k['batch.micro_batch_size']} ({p['microbatches']} microbatches), "
+             f"{k['pipeline.schedule']}, recompute {k['recompute.kind']}, overlap grad-reduce "
+             f"{k['data_parallel.overlap_grad_reduce']}, param-gather {k['optimizer.overlap_param_gather']}",
+             f"efficiency set: {out['efficiency_basis']}" + (f" ({out['efficiency_note']})" if out["efficiency_note"] else ""),
+             f"step time: ~{p['step_time_s']:.3f} s per update; band {p['step_time_low_s']:.3f}-"
+             f"{p['step_time_high_s']:.3f} s ({p['band_basis']})",
+             "breakdown (critical path, s): " + ", ".join(f"{n} {p[key]:.3f}" for n, key in _PARTS)
+             + f"; data-parallel traffic before overlap {p['dp_total_s']:.3f}; critical stage {p['critical_stage']}",
+             f"throughput: {p['tokens_per_s']:,.0f} tokens/s; MFU {p['mfu']:.1%} of {out['peak_tflops_per_gpu']:g} "
+             f"TFLOP/s per GPU ({p['mfu_basis']})",
+             "memory per pipeline stage (GB): params / grads / optimizer / activations / reserved = total"]
+    for i, m in enumerate(p["memory_per_stage"]):
+        lines.append(f"  stage {i}: {m['params'] / gb:.1f} / {m['grads'] / gb:.1f} / {m['optimizer'] / gb:.1f} / "
+                     f"{m['activations'] / gb:.1f} / {m['reserved'] / gb:.1f} = {m['total'] / gb:.1f}")
+    hbm = out["config"]["cluster"]["hbm_gb"]
+    lines.append(f"peak {p['peak_memory_bytes'] / gb:.1f} GB of {hbm:g} GB per GPU: "
+                 + ("fits" if p["fits_memory"] else "DOES NOT FIT"))
+    if out["target_s"] is not None:
+        t, v = out["target_s"], out["target_verdict"]
+        lines.append(f"target {out['target']}: " + {
+            "robust": f"met ROBUSTLY (upper end {p['step_time_high_s']:.2f} s <= {t:.2f} s)",
+            "point only": f"met at the POINT ESTIMATE ONLY ({p['step_time_s']:.2f} s <= {t:.2f} s, "
+                          f"upper end {p['step_time_high_s']:.2f} s)",
+            "not met": f"not met ({p['step_time_s']:.2f} s > {t:.2f} s)"}[v])
+    return "\n".join(lines)

@@ -1,0 +1,91 @@
+"""Collective and overlap timings as Megatron-LM and NCCL run them: pure functions over numpy arrays.
+
+Collectives (alpha-beta model, Thakur et al. 2005; Patarasuk & Yuan 2009; NCCL's nccl-tests "bus
+bandwidth" convention, docs/PERFORMANCE.md of NVIDIA/nccl-tests):
+
+* reduce-scatter and all-gather: each GPU moves (n-1)/n of the buffer at the group's bus bandwidth and
+  the ring pays (n-1) hops of latency;
+* all-reduce: twice that volume. NCCL picks ring or (double binary) tree by size; the tree moves the same
+  bytes at about the same bus bandwidth but pays 2 log2(n) hops instead of 2(n-1), so the faster of the two
+  is taken;
+* bus bandwidth of a group: inside one node it is the NVLink bandwidth per GPU; a group spanning nodes runs
+  one ring per NIC rail (NCCL's channels), so each node pushes the group's traffic through the NICs of its
+  own members: bus bandwidth = min(NVLink, members per node x NIC bandwidth per GPU). A tensor-parallel-8
+  layout leaves one member of each data-parallel group per node, hence one NIC; a TP1 DP32 layout on four
+  8-GPU nodes uses all eight.
+
+Overlap (Megatron-LM ``DistributedDataParallel`` with ``overlap_grad_reduce`` and the distributed
+optimizer's ``overlap_param_gather``; megatron/core/distributed/param_and_grad_buffer.py):
+
+* gradient synchronisation is enabled only for the last microbatch of the step, so a bucket's reduction
+  starts when its gradients of the LAST microbatch are final: buckets become ready evenly over that
+  microbatch's backward pass and are sent one after another on one communication stream;
+* the parameter all-gather of bucket i is issued at the start of the next forward and must finish before
+  the forward reaches bucket i's layers of the first microbatch;
+* with pipeline parallelism, stage s finishes its last backward s backward slots before stage 0 (1F1B
+  drains from the last stage to the first), so its reduction has that much slack before the update waits,
+  and its first forward starts s forward slots after stage 0's, which hides that much of its all-gather.
+
+Nothing here is fitted: every exposed second follows from sizes, bandwidths and the compute it overlaps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def bus_bandwidth(members: int, members_per_node: int, intra_Bps: float, inter_Bps: float) -> float:
+    """Bytes/s per GPU a collective of ``members`` GPUs achieves (before software efficiency).
+
+    ``members_per_node`` is how many of the group share a node; ``inter_Bps`` is the NIC bandwidth per GPU.
+    """
+    if members <= 1 or members_per_node >= members:
+        return float(intra_Bps)
+    return float(min(intra_Bps, max(1, members_per_node) * inter_Bps))
+
+
+def reduce_scatter_time(n: int, nbytes, bus_Bps: float, alpha_s: float):
+    """Ring reduce-scatter of an ``nbytes`` buffer (the full, unsharded size) over n GPUs, seconds."""
+    nbytes = np.asarray(nbytes, dtype=float)
+    if n <= 1:
+        return np.zeros_like(nbytes)
+    return (n - 1) / n * nbytes / bus_Bps + (n - 1) * alpha_s
+
+
+all_gather_time = reduce_scatter_time
+"""All-gather into an ``nbytes`` buffer moves the same bytes over the same ring as reduce-scatter."""
+
+
+def all_reduce_time(n: int, nbytes, bus_Bps: float, alpha_s: float):
+    """All-reduce of ``nbytes`` over n GPUs: the faster of ring (2(n-1) hops) and tree (2 log2 n hops)."""
+    nbytes = np.asarray(nbytes, dtype=float)
+    if n <= 1:
+        return np.zeros_like(nbytes)
+    ring = 2.0 * (n - 1) / n * nbytes / bus_Bps + 2 * (n - 1) * alpha_s
+    tree = 2.0 * (n - 1) / n * nbytes / bus_Bps + 2 * np.ceil(np.log2(n)) * alpha_s
+    return np.minimum(ring, tree)
+
+
+def p2p_time(nbytes, Bps: float, alpha_s: float):
+    """One point-to-point send between adjacent pipeline stages, seconds."""
+    return np.asarray(nbytes, dtype=float) / Bps + alpha_s
+
+
+def bucket_tail(per_bucket, n_buckets, window):
+    """Seconds of communication left after a compute ``window`` during which n equal buckets become ready.
+
+    Bucket i (0-based) is ready at (i+1) window / n and the buckets go out back to back, each taking
+    ``per_bucket``. The last finishes at max(window + per_bucket, window/n + n per_bucket), so the tail
+    after the window is never less than one bucket and never more than all of them, and at most the window
+    is hidden. The same expression gives the parameter all-gather's exposure in front of a forward pass
+    whose bucket i is needed at i window / n.
+    """
+    per_bucket = np.asarray(per_bucket, dtype=float)
+    n_buckets = np.asarray(n_buckets, dtype=float)
+    window = np.maximum(np.asarray(window, dtype=float), 0.0)
+    return np.maximum(per_bucket, n_buckets * per_bucket - window * (n_buckets - 1) / n_buckets)
+
+
+def exposed_after_slack(tail, slack):
+    """What of a stage's tail the update still waits for when the stage had ``slack`` seconds in hand."""
+    return np.maximum(0.0, np.asarray(tail, dtype=float) - np.asarray(slack, dtype=float))

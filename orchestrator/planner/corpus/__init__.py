@@ -1,0 +1,138 @@
+"""The validation corpus (corpus.yaml) as planner configs, and each row's published figure as a step time.
+
+A row's published figure is turned into seconds per iteration on the row's own FLOP basis, so every
+comparison is in step time: TFLOP/s per GPU on Narayanan et al.'s eq. 3, or on 6N + 12 L h s per token for
+Meta's figures (an ASSUMPTION stated in corpus.yaml), and published step times as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from ..cluster import Efficiency
+from ..config import PlanConfig
+from ..parse import plan_config_from_dict
+
+HERE = Path(__file__).resolve().parent
+CLUSTERS = HERE.parents[2] / "search_spaces" / "clusters"
+GENERATIONS = ("a100-80gb", "h100-sxm", "h200", "b200")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One published run."""
+
+    id: str
+    source: str
+    gpu: str
+    split: str
+    """fit, heldout or not_modelled, as corpus.yaml declares."""
+    raw: Mapping[str, Any]
+    published_step_s: float
+    """The published figure as seconds per iteration (see the module docstring)."""
+    figure: str
+    """The figure as published, e.g. 'tflops_eq3 = 137'."""
+
+    def config(self, eff: Efficiency) -> PlanConfig:
+        return plan_config_from_dict(row_planner_dict(self.raw, eff), where=f"corpus row {self.id}")
+
+
+def cluster_dict(gpu: str) -> dict[str, Any]:
+    """The ``cluster:`` section of search_spaces/clusters/<gpu>.yaml."""
+    path = CLUSTERS / f"{gpu}.yaml"
+    if not path.is_file():
+        raise ValueError(f"gpu: no cluster file {path}; known: {', '.join(GENERATIONS)}")
+    return dict(yaml.safe_load(path.read_text())["cluster"])
+
+
+def equivalent_ffn(r: Mapping[str, Any]) -> int:
+    """Two-matrix MLP width with the GEMM FLOPs and parameters of GQA attention + a gated (SwiGLU) MLP."""
+    h, heads = r["hidden"], r["heads"]
+    if "gated_ffn" not in r:
+        return 0
+    kv = r.get("kv_heads", heads) * (h // heads)
+    num = 3 * r["gated_ffn"] + 2 * kv - 2 * h
+    if num % 2:
+        raise ValueError(f"corpus row {r['id']}: gated_ffn gives a non-integer equivalent width")
+    return num // 2
+
+
+def row_planner_dict(r: Mapping[str, Any], eff: Efficiency) -> dict[str, Any]:
+    import dataclasses
+    tp, pp, gpus = r["tp"], r["pp"], r["gpus"]
+    if gpus % (tp * pp):
+        raise ValueError(f"corpus row {r['id']}: gpus {gpus} is not a multiple of tp * pp")
+    rc = r.get("recompute", "full")
+    recompute = rc if isinstance(rc, Mapping) else (
+        {"kind": "full", "method": "uniform", "num_layers": 1} if rc == "full" else {"kind": rc})
+    sel = recompute.get("kind") == "selective"
+    vp = r.get("vp", 1)
+    pipeline: dict[str, Any] = {"schedule": "interleaved_1f1b" if vp > 1 else "1f1b", "virtual_stages": vp}
+    if "split" in r:
+        pipeline["split"] = {"kind": "first_last", **r["split"]}
+    return {
+        "cluster": {**cluster_dict(r["gpu"]), "num_gpus": gpus},
+        "model": {"num_layers": r["layers"], "hidden_size": r["hidden"], "num_heads": r["heads"],
+                  "ffn_hidden_size": equivalent_ffn(r), "vocab_size": r["vocab"], "tied_embeddings": r["tied"],
+                  "flash_attention": r["flash"], "linear_biases": r["biases"]},
+        "job": {"seq_len": r["seq"], "precision": r.get("precision", "mixed")},
+        "efficiency": dataclasses.asdict(eff),
+        "parallel": {"pp": pp, "dp": gpus // (tp * pp)},
+        "tensor_parallel": {"size": tp, "sequence_parallel": sel and tp > 1},
+        "batch": {"global_batch": r["gbs"], "micro_batch_size": r["mbs"]},
+        "pipeline": pipeline,
+        "recompute": recompute,
+        # Megatron's default bucket: 40M parameters, in MB of fp32 main gradients (trainer.knobs unit).
+        "data_parallel": {"kind": "replicate", "overlap_grad_reduce": r.get("overlap_grad", False),
+                          "bucket_mb": 40.0 * 4},
+        "optimizer": {"distributed": r.get("dist_opt", False),
+                      "overlap_param_gather": r.get("overlap_param", False)},
+    }
+
+
+def eq3_flops(r: Mapping[str, Any]) -> float:
+    """Narayanan et al. 2021 eq. 3: 96 B s l h^2 (1 + s/6h + V/(16 l h)), one recomputed forward included."""
+    B, s, l, h, V = r["gbs"], r["seq"], r["layers"], r["hidden"], r["vocab"]
+    return 96.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+
+
+def model_flops_6n(r: Mapping[str, Any], params: float) -> float:
+    """6 N per token plus attention scores 12 L h s per token (the usual MFU count, no recompute)."""
+    tokens = r["gbs"] * r["seq"]
+    return tokens * (6.0 * params + 12.0 * r["layers"] * r["hidden"] * r["seq"])
+
+
+def load(path: Path = HERE / "corpus.yaml") -> list[Row]:
+    data = yaml.safe_load(path.read_text())
+    split = {i: k for k in ("fit", "heldout", "not_modelled") for i in data["split"][k]}
+    rows = []
+    for r in data["rows"]:
+        if r["id"] not in split:
+            raise ValueError(f"corpus row {r['id']}: not in split.fit, split.heldout or split.not_modelled")
+        if r["source"] not in data["sources"]:
+            raise ValueError(f"corpus row {r['id']}: source {r['source']} is not under sources")
+        (kind, value), = r["figure"].items()
+        if kind == "step_time_s":
+            step = float(value)
+        elif kind == "tflops_eq3":
+            step = eq3_flops(r) / (value * 1e12 * r["gpus"])
+        elif kind == "tflops_meta":
+            params = row_params(r)
+            step = model_flops_6n(r, params) / (value * 1e12 * r["gpus"])
+        else:
+            raise ValueError(f"corpus row {r['id']}: figure {kind}: unknown; known: step_time_s, tflops_eq3, tflops_meta")
+        rows.append(Row(r["id"], r["source"], r["gpu"], split[r["id"]], r, step, f"{kind} = {value}"))
+    return rows
+
+
+def row_params(r: Mapping[str, Any]) -> float:
+    """Total parameters of the row's model (the planner's count)."""
+    return float(Row(r["id"], r["source"], r["gpu"], "", r, 0.0, "").config(Efficiency()).model.total_params)
+
+
+def sources(path: Path = HERE / "corpus.yaml") -> dict[str, str]:
+    return dict(yaml.safe_load(path.read_text())["sources"])

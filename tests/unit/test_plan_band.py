@@ -1,0 +1,94 @@
+"""Every planner prediction carries its band and the basis of its efficiency set; a model-backend summary says
+whether the target is met at the band's upper end (robust) or only at the point estimate."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from orchestrator import report
+from orchestrator.plan_verdict import verdict, verdict_lines
+from orchestrator.planner import ClusterSpec, Efficiency, PlanConfig, predict
+from orchestrator.planner.band import Band, load_band
+from orchestrator.target import parse_target
+
+
+def test_every_prediction_carries_the_stored_band_and_basis():
+    p = predict(PlanConfig(cluster=ClusterSpec(num_gpus=1)))
+    band = load_band()
+    assert p.step_time_low_s == pytest.approx(p.step_time_s / (1 + band.hi))
+    assert p.step_time_high_s == pytest.approx(p.step_time_s / (1 + band.lo))
+    assert p.step_time_low_s <= p.step_time_s <= p.step_time_high_s
+    assert "held-out" in p.band_basis and f"{band.n} held-out" in p.band_basis
+    d = p.to_dict()
+    assert {"step_time_low_s", "step_time_high_s", "band_basis", "efficiency_basis"} <= set(d)
+    assert d["efficiency_basis"] == "prior"
+
+
+def test_model_backend_outcomes_carry_the_band():
+    from orchestrator.backends import ModelRunner, PlannerConfigs
+
+    configs = PlannerConfigs({"cluster": {"num_gpus": 2}, "parallel": {"dp": 2}}, {})
+    runner = ModelRunner(None, configs)
+    runner.submit(0, configs.build({"batch.micro_batch_size": 2}))
+    [(_, out)] = runner.poll(0)
+    assert out.status == "ok" and out.prediction["step_time_high_s"] > out.prediction["step_time_s"]
+    assert out.prediction["efficiency_basis"] == "prior"
+
+
+def test_band_direction_residual_is_pred_over_truth():
+    """e = pred / truth - 1: a model that runs 20% fast (e = -0.2) puts the truth above the prediction."""
+    b = Band(lo=-0.2, hi=0.1, coverage=0.8, n=10)
+    lo, hi = b.apply(8.0)
+    assert hi == pytest.approx(10.0) and lo == pytest.approx(8.0 / 1.1)
+    with pytest.raises(ValueError, match="band"):
+        Band(lo=0.1, hi=0.2, coverage=0.8, n=3)
+
+
+@pytest.mark.parametrize("bad", ["guess", "", None])
+def test_efficiency_basis_is_validated(bad):
+    with pytest.raises(ValueError, match="basis: must be one of prior, blind, calibrated, fitted"):
+        Efficiency(basis=bad)
+    with pytest.raises(ValueError, match="basis_note"):
+        Efficiency(basis_note=3)
+
+
+def _line(trial, point, high, basis="blind", kind="trial"):
+    return {"sweep": "s", "trial": trial, "kind": kind, "backend": "model", "params": {"x": trial},
+            "config": {"efficiency": {"basis": basis, "basis_note": "note"}}, "status": "ok", "reason": None,
+            "result": None, "parity": None, "meets_target": False, "wall_s": 0.0, "overhead_s": None,
+            "prediction": {"step_time_s": point, "step_time_low_s": point * 0.9, "step_time_high_s": high,
+                           "band_basis": "80% band", "peak_memory_bytes": 1e9},
+            "metrics": {"step_time_s": point, "peak_memory_bytes": 1e9}}
+
+
+@pytest.mark.parametrize("target, want, words", [
+    (9.3, "robust", "met ROBUSTLY"),
+    (8.9, "point only", "POINT ESTIMATE ONLY"),
+    (8.0, "not met", "not met even at the point estimate"),
+])
+def test_summary_says_robust_or_point_only(target, want, words):
+    # trial 2 is fastest at the point, trial 3 has the lowest upper end: the robust pick differs
+    records = [_line(0, 12.0, 14.0, kind="baseline"), _line(2, 8.5, 9.8), _line(3, 8.7, 9.2)]
+    v = verdict(records, target)
+    assert v["verdict"] == want and v["point_trial"] == 2 and v["robust_trial"] == 3
+    s = report.summarize(records, parse_target({"step_time_s": target}), 1)
+    text = report.summary_text(s)
+    assert words in text and "efficiency set: blind (note)" in text
+    assert "robust pick (lowest upper end): trial 3" in text
+
+
+def test_calibrated_answer_is_labelled_and_measured_sweeps_get_no_verdict():
+    lines = verdict_lines(verdict([_line(1, 8.0, 9.0, basis="calibrated")], 9.3))
+    assert any("CALIBRATED" in ln for ln in lines)
+    measured = dict(_line(1, 8.0, 9.0), backend="ray")
+    assert verdict([measured], 9.3) is None and verdict_lines(None) == []
+
+
+def test_old_ledger_lines_without_a_band_say_so():
+    old = _line(1, 8.0, 9.0)
+    old["prediction"] = {"step_time_s": 8.0}
+    old["config"] = {}
+    lines = verdict_lines(verdict([old], 9.3))
+    assert lines[0] == "efficiency set: unrecorded" and "not recorded" in lines[1]
