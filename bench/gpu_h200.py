@@ -1,9 +1,12 @@
 """One-shot GPU benchmark: a ~1.2B GPT in bf16 on one GPU, MFU against the declared datasheet peak.
 
-    .venv/bin/python bench/gpu_h200.py            # on a machine with one H200 (or H100/A100/B200)
+    PYTHONPATH=. python3 bench/gpu_h200.py       # on a machine with one H200 (or H100/A100/B200)
 
-Prepared to run as one command when a GPU is lent (goal: MFU >= 50% on an H200). Each row is a real run
-of examples/gpt1b.yaml with the overrides shown; results go to bench/results/gpu_<device>.md.
+Like the GPU tier (tests/gpu), it runs on whatever CUDA torch the machine has, without the project's install
+step (torch and numpy; PyYAML for the example file). Prepared to run as one command when a GPU is lent (goal:
+MFU >= 50% on an H200). Each row is a real run of examples/gpt1b.yaml with the overrides shown; every row is
+checked against the first with the sweep's parity gate (bf16 floors, orchestrator.parity), so a faster row
+that learns something else is marked, not reported as a win. Results go to bench/results/gpu_<device>.md.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from results_file import write_and_print  # noqa: E402 (bench/ is the script's own folder)
 
+from orchestrator.parity import compare, describe_failure, reference_from_result  # noqa: E402
 from trainer.config import TrainConfig, apply_overrides  # noqa: E402
 from trainer.launch import spawn_many  # noqa: E402
 
@@ -39,19 +43,23 @@ def main() -> None:
     cfgs = [TrainConfig.from_dict(apply_overrides(base, o)) for o in ROWS.values()]
     t0 = time.time()
     results = spawn_many(cfgs)
-    lines = ["| config | step time (s) | tokens/s | MFU | HFU | peak allocated (GiB) |", "|---|---|---|---|---|---|"]
+    lines = ["| config | step time (s) | tokens/s | MFU | HFU | peak allocated (GiB) | parity vs first row |",
+             "|---|---|---|---|---|---|---|"]
+    ref = reference_from_result(results[0]) if not isinstance(results[0], Exception) else None
     for row, r in zip(ROWS, results):
         if isinstance(r, Exception):
-            lines.append(f"| {row} | failed: {str(r)[:200]} |||||")
+            lines.append(f"| {row} | failed: {str(r)[:200]} ||||||")
             continue
         s = r.summary
         mfu = f"{s.mfu:.1%}" if s.mfu is not None else "n/a"
         hfu = f"{s.hfu:.1%}" if s.hfu is not None else "n/a"
+        verdict = compare(ref, r) if ref is not None else None
+        parity = "n/a" if verdict is None else ("pass" if verdict["passed"] else f"FAIL: {describe_failure(verdict)}")
         lines.append(f"| {row} | {s.step_time_s:.3f} | {s.tokens_per_s:,.0f} | {mfu} | {hfu} | "
-                     f"{s.peak_memory_bytes / 2**30:.1f} |")
+                     f"{s.peak_memory_bytes / 2**30:.1f} | {parity} |")
     ok = [r for r in results if not isinstance(r, Exception)]
     text = "\n".join([f"# GPU benchmark: {name}", "",
-                      "Command: `.venv/bin/python bench/gpu_h200.py` (examples/gpt1b.yaml, bf16 autocast, 1 GPU)", "",
+                      "Command: `PYTHONPATH=. python3 bench/gpu_h200.py` (examples/gpt1b.yaml, bf16 autocast, 1 GPU)", "",
                       *lines, "", f"Peak basis: {ok[0].summary.peak_basis if ok else 'n/a'}.",
                       f"torch {torch.__version__}; wall time {time.time() - t0:.0f} s.", ""])
     write_and_print(text, Path(__file__).resolve().parent / "results" / f"gpu_{name.replace(' ', '_')}.md")

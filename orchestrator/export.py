@@ -47,7 +47,7 @@ def read_ledger(path: Path) -> list[dict[str, Any]]:
     raises), baseline/trial/confirm only."""
     if not Path(path).is_file():
         raise ValueError(f"no ledger at {path}")
-    return [r for r in Ledger(path).read() if r.get("kind") in KINDS]
+    return [r for r in Ledger(path).read() if r.get("kind") in KINDS and r.get("kind") != "canonical"]
 
 
 def refusal(record: dict[str, Any]) -> str | None:
@@ -56,9 +56,7 @@ def refusal(record: dict[str, Any]) -> str | None:
     parity = record.get("parity")
     # Parity first: the sweep marks a parity failure as status infeasible, and this is the reason to give.
     if parity is not None and not parity.get("passed"):
-        return (f"{name} failed loss parity at step {parity.get('first_fail_step')} "
-                f"({parity.get('first_fail_metric')}; max loss rel diff {parity.get('max_loss_rel_diff')}, "
-                f"tolerance {parity.get('tolerance')}): it does not learn what the baseline learns")
+        return f"{name} failed parity: {_parity_failure(parity)}: it does not learn what the baseline learns"
     status, reason = record.get("status"), record.get("reason")
     if status != "ok":
         what = "is infeasible" if status == "infeasible" else f"did not finish: status {status}"
@@ -67,6 +65,26 @@ def refusal(record: dict[str, Any]) -> str | None:
         # (The baseline is the parity reference itself; a cost-model prediction has no run to compare.)
         return f"{name} has no parity verdict: it was not checked against the baseline"
     return None
+
+
+_METRIC = {"loss": ("loss", "max_loss_rel_diff", "loss_rel"),
+           "grad_norm": ("grad norm", "max_grad_norm_rel_diff", "grad_norm_rel"),
+           "parameters": ("final parameters", "max_fingerprint_rel_diff", "param_rel"),
+           "replicas": ("data-parallel replicas", "replica_max_abs_diff", "replica_abs")}
+"""first_fail_metric -> (what to call it, the verdict's worst difference of it, its tolerance's field)."""
+
+
+def _parity_failure(parity: dict[str, Any]) -> str:
+    """The metric that failed, its step, its difference and that metric's own tolerance (not the loss's)."""
+    metric = str(parity.get("first_fail_metric"))
+    label, worst, tol_key = _METRIC.get(metric.split(" (")[0], (metric, None, None))
+    if metric.startswith("parameters ("):
+        label += metric[len("parameters"):]
+    # Ledger lines from before first_fail_diff existed: the worst difference of the failing metric.
+    diff = parity.get("first_fail_diff", parity.get(worst) if worst else None)
+    allowed = parity.get("first_fail_tolerance", (parity.get("tolerance") or {}).get(tol_key) if tol_key else None)
+    numbers = f" (difference {_g(diff)}, tolerance {_g(allowed)})" if diff is not None and allowed is not None else ""
+    return f"{label} differs at step {parity.get('first_fail_step')}{numbers}"
 
 
 def step_time(record: dict[str, Any]) -> float | None:
@@ -221,7 +239,7 @@ def summary_markdown(record: dict[str, Any], baseline: dict[str, Any] | None, co
                    f"{_g(parity.get('max_grad_norm_rel_diff'))}, parameters {_g(parity.get('max_fingerprint_rel_diff'))}; "
                    f"tolerance {parity.get('tolerance')})")
     else:
-        verdict = f"**FAILED** at step {parity.get('first_fail_step')} ({parity.get('first_fail_metric')})"
+        verdict = f"**FAILED**: {_parity_failure(parity)}"
     run_id = record.get("mlflow_run_id")
     lines += [
         f"- status: {record.get('status')}; backend: {record.get('backend')} ({what})",

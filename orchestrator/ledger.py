@@ -17,7 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-KINDS = ("baseline", "trial", "confirm")
+KINDS = ("baseline", "trial", "confirm", "canonical")
+"""canonical: the reference run of the baseline's maths in the simplest layout (orchestrator.trust)."""
 STATUSES = ("ok", "failed", "oom", "timeout", "nan", "infeasible", "pruned", "skipped")
 KEYS = ("sweep", "trial", "kind", "backend", "params", "config", "status", "reason", "result", "prediction",
         "parity", "metrics", "meets_target", "wall_s", "overhead_s", "started_at", "finished_at")

@@ -1,11 +1,13 @@
-"""Loss-parity gate: a trial must learn exactly what the baseline learns.
+"""Loss-parity gate: a trial must learn exactly what the reference learns.
 
-Pure functions. The reference is the baseline config's run (same seed, data, global batch, steps):
-per-step losses, per-step global gradient norms and a layout-independent fingerprint of the final
-parameters (per-tensor L2 norm and sum under the single-process model's names). A trial is compared
-step by step; the first failing step and metric are reported. Tolerances are per precision; the fp32
-defaults sit between the largest difference a legitimate layout change makes and the smallest a seeded
-bug makes, both measured (bench/parity_margins.py, docs/parity.md).
+Pure functions. The reference is a run of the same maths (same seed, data, global batch, steps): the
+canonical layout's run when there is one (orchestrator.trust): per-step losses, per-step global gradient
+norms and a layout-independent fingerprint of the final parameters (per-tensor L2 norm and sum under the
+single-process model's names). A run is compared step by step; the first failing step and metric are
+reported with their difference and tolerance. Tolerances are per precision; the fp32 defaults sit between
+the largest difference a legitimate layout change makes and the smallest a seeded bug makes, both measured
+(bench/parity_margins.py, docs/parity.md). Only bf16/GPU tolerances widen, by repeats, and never beyond
+MAX_WIDENING x the floor.
 """
 
 from __future__ import annotations
@@ -53,7 +55,10 @@ DEFAULT_TOLERANCE = {
     "bf16": Tolerance(loss_rel=1e-4, grad_norm_rel=1e-3, param_rel=5e-2, replica_abs=1e-6),
 }
 REPEAT_FACTOR = 10.0
-"""bf16/GPU: tolerance = max(floor, REPEAT_FACTOR x the baseline's own run-to-run difference)."""
+"""bf16/GPU only: a tolerance may widen to REPEAT_FACTOR x the run-to-run spread of repeats of one layout."""
+MAX_WIDENING = 5.0
+"""The widening is capped: a tolerance never exceeds MAX_WIDENING x its precision's floor, whatever the spread.
+fp32 on CPU is exact run to run and never widens at all (its floor is the tolerance)."""
 
 
 def maths_key(train_cfg: dict[str, Any]) -> str:
@@ -78,24 +83,38 @@ def check_space_is_throughput_only(param_names: list[str]) -> None:
         )
 
 
-def reference_from_result(result: Result, precision: str | None = None) -> dict[str, Any]:
+def layout_key(train_cfg: dict[str, Any]) -> str:
+    """Hash of the whole config: runs under one layout key are repeats of one run (their spread is noise)."""
+    return hashlib.sha256(json.dumps(train_cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def reference_from_result(result: Result, precision: str | None = None, role: str = "baseline") -> dict[str, Any]:
+    """What the store keeps of one run: per-step numbers, the fingerprint, and what it was (``role``:
+    canonical or baseline) under which maths and layout."""
     return {
         "losses": [s.loss for s in result.steps],
         "grad_norms": [s.grad_norm for s in result.steps],
         "fingerprint": result.fingerprint,
         "precision": precision or result.config["run"]["precision"],
+        "device": result.config["run"]["device"],
         "maths_key": maths_key(result.config),
+        "layout_key": layout_key(result.config),
+        "role": role,
     }
 
 
 def tolerance_from_repeats(ref_a: dict[str, Any], ref_b: dict[str, Any], precision: str) -> Tolerance:
-    """Widen the precision's floor to REPEAT_FACTOR x the baseline's own run-to-run spread."""
+    """The precision's floor widened to REPEAT_FACTOR x the spread of two repeats, capped at MAX_WIDENING x floor."""
     floor = DEFAULT_TOLERANCE[precision]
     spread = _diffs(ref_a, ref_b)
+
+    def widen(floor_value: float, diff: float) -> float:
+        return min(max(floor_value, REPEAT_FACTOR * diff), MAX_WIDENING * floor_value)
+
     return Tolerance(
-        loss_rel=max(floor.loss_rel, REPEAT_FACTOR * spread["loss"]),
-        grad_norm_rel=max(floor.grad_norm_rel, REPEAT_FACTOR * spread["grad_norm"]),
-        param_rel=max(floor.param_rel, REPEAT_FACTOR * spread["param"]),
+        loss_rel=widen(floor.loss_rel, spread["loss"]),
+        grad_norm_rel=widen(floor.grad_norm_rel, spread["grad_norm"]),
+        param_rel=widen(floor.param_rel, spread["param"]),
         replica_abs=floor.replica_abs,
     )
 
@@ -119,6 +138,31 @@ def _param_diff(fp: dict[str, list[float]], ref: dict[str, list[float]]) -> floa
         t_norm, t_total = fp[name][0], fp[name][1]
         worst = max(worst, _rel(t_norm, norm), abs(t_total - total) / max(norm, 1e-12))
     return worst
+
+
+def _at_failure(trial: dict[str, Any], ref: dict[str, Any], tol: Tolerance, step: int | None, metric: str | None,
+                replica: float) -> tuple[float | None, float | None]:
+    """(difference, tolerance) of the metric that failed first, at its step; (None, None) when nothing failed."""
+    if step is None or metric == "steps":
+        return None, None
+    if metric == "loss":
+        return _rel(trial["losses"][step], ref["losses"][step]), tol.loss_rel
+    if metric == "grad_norm":
+        return _rel(trial["grad_norms"][step], ref["grad_norms"][step]), tol.grad_norm_rel
+    if metric == "replicas":
+        return replica, tol.replica_abs
+    return _param_diff(trial["fingerprint"], ref["fingerprint"]), tol.param_rel
+
+
+def describe_failure(verdict: dict[str, Any]) -> str:
+    """One line: the metric that failed, at which step, by how much against which tolerance."""
+    metric, step = verdict.get("first_fail_metric"), verdict.get("first_fail_step")
+    diff, allowed = verdict.get("first_fail_diff"), verdict.get("first_fail_tolerance")
+    what = {"loss": "loss", "grad_norm": "grad norm", "replicas": "data-parallel replicas"}.get(metric, metric)
+    if diff is None or allowed is None:
+        return f"{what} differs at step {step}"
+    kind = "absolute" if metric == "replicas" else "relative"
+    return f"{what} differs at step {step}: {kind} difference {diff:.2e} > tolerance {allowed:.1e}"
 
 
 def compare(reference: dict[str, Any], result: Result, precision: str | None = None,
@@ -145,10 +189,13 @@ def compare(reference: dict[str, Any], result: Result, precision: str | None = N
         first_step, first_metric = final, "parameters" if not missing else f"parameters ({len(missing)} differ in name)"
     if first_step is None and not result.replica_max_abs_diff <= tol.replica_abs:
         first_step, first_metric = final, "replicas"
+    diff, allowed = _at_failure(trial, reference, tol, first_step, first_metric, result.replica_max_abs_diff)
     return {
         "passed": first_step is None,
         "first_fail_step": first_step,
         "first_fail_metric": first_metric,
+        "first_fail_diff": diff,
+        "first_fail_tolerance": allowed,
         "max_loss_rel_diff": diffs["loss"],
         "max_grad_norm_rel_diff": diffs["grad_norm"],
         "max_fingerprint_rel_diff": diffs["param"],
@@ -158,29 +205,39 @@ def compare(reference: dict[str, Any], result: Result, precision: str | None = N
 
 
 class ReferenceStore:
-    """Baseline references kept by what affects the maths: ``<root>/<maths_key>.json``.
+    """Reference runs kept by what affects the maths: ``<root>/<maths_key>.json``.
 
-    Any sweep whose baseline has the same maths reuses the first stored run as its reference (a resumed or
-    repeated sweep compares against the same numbers), and each new baseline run of those maths is added,
-    which gives the run-to-run spread that widens bf16/GPU tolerances. A change of anything in MATHS_FIELDS
-    is a different key, so a reference is never reused across it.
+    The first run stored under a key is the anchor every later run of those maths is compared with: the
+    canonical run (the simplest layout of the maths, orchestrator.trust) when it is there. A run is added
+    only after it passed against the anchor (orchestrator.trust checks first), so a run with a maths bug
+    never enters the store and never widens a tolerance. A change of anything in MATHS_FIELDS is a different
+    key, so a reference is never reused across it. Deleting the file starts that key over (needed only when
+    the software or hardware changed on purpose and the old numbers are no longer expected).
     """
 
-    KEEP = 5
+    KEEP = 8
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
 
+    def path(self, key: str) -> Path:
+        return self.root / f"{key}.json"
+
     def runs(self, key: str) -> list[dict[str, Any]]:
-        path = self.root / f"{key}.json"
+        path = self.path(key)
         return json.loads(path.read_text())["runs"] if path.exists() else []
 
+    def canonical(self, key: str) -> dict[str, Any] | None:
+        return next((r for r in self.runs(key) if r.get("role") == "canonical"), None)
+
     def add(self, ref: dict[str, Any]) -> list[dict[str, Any]]:
-        runs = (self.runs(ref["maths_key"]) + [ref])[: self.KEEP]
+        """Append a run that passed against the anchor (the caller checked); the anchor is always kept."""
+        runs = self.runs(ref["maths_key"]) + [ref]
+        runs = runs[:1] + runs[1:][-(self.KEEP - 1):]
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".{ref['maths_key']}.tmp"
         tmp.write_text(json.dumps({"maths_key": ref["maths_key"], "runs": runs}))
-        tmp.replace(self.root / f"{ref['maths_key']}.json")
+        tmp.replace(self.path(ref["maths_key"]))
         return runs
 
 
@@ -190,10 +247,20 @@ def needs_repeat(train_cfg: dict[str, Any]) -> bool:
 
 
 def tolerance_for(runs: list[dict[str, Any]]) -> Tolerance:
+    """The tolerance for comparing against ``runs[0]``: the precision's floor, widened only for bf16/GPU by the
+    spread between repeats of one layout (never between two layouts: that difference is what is judged),
+    and never beyond MAX_WIDENING x the floor."""
     precision = runs[0]["precision"]
-    if len(runs) < 2:
-        return DEFAULT_TOLERANCE[precision]
-    spreads = [tolerance_from_repeats(runs[0], other, precision) for other in runs[1:]]
+    floor = DEFAULT_TOLERANCE[precision]
+    if not needs_repeat({"run": {"precision": precision, "device": runs[0].get("device", "cpu")}}):
+        return floor
+    by_layout: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        by_layout.setdefault(r.get("layout_key", ""), []).append(r)
+    spreads = [tolerance_from_repeats(group[0], other, precision)
+               for group in by_layout.values() for other in group[1:]]
+    if not spreads:
+        return floor
     return Tolerance(*(max(getattr(t, f) for t in spreads) for f in Tolerance.__dataclass_fields__))
 
 

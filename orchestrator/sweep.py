@@ -25,7 +25,7 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
-from orchestrator import backends, parity, report
+from orchestrator import backends, parity, report, trust
 from orchestrator import ledger as L
 from orchestrator.config import SweepConfig, prefilter_base_dir
 from orchestrator.prefilter import REASON_PREFIX, prefilter_from_settings
@@ -68,10 +68,9 @@ class Sweep:
         self.study = self._open_study()
         self.tracker, self.parent = self._open_tracker()
         self.queue: list[Job] = []
-        self.reference: dict | None = None
-        self.tolerance: parity.Tolerance | None = None
-        self.refs = parity.ReferenceStore(cfg.results_dir.parent / "parity_refs")
-        """Baseline references by maths key, shared by every sweep under the same results directory."""
+        self.gate = trust.ParityGate(cfg.results_dir.parent / "parity_refs")
+        """Canonical -> baseline -> trials (orchestrator.trust); its store is shared by every sweep under the same
+        results directory, by maths key."""
         self.stop_reason: str | None = None
         self.target_reason: str | None = None
         """Why the sweep may stop for its target; it does once search.min_trials are finished."""
@@ -148,7 +147,7 @@ class Sweep:
         if base and base["status"] == "ok" and base.get("result"):
             from trainer.result import Result
 
-            self._use_reference(Result.from_dict(base["result"]), store=False)
+            self.gate.resume(Result.from_dict(base["result"]))
         pending = L.unconfirmed(self.records, self.cfg.confirm.repeats)
         if pending and self.cfg.backend == "ray":
             config = self.configs.load(pending["config"])
@@ -273,25 +272,19 @@ class Sweep:
                                 f" > {self.cfg.pruning.slower_than_best:g} x best {best * 1e3:.1f} ms")
                 self._finish(job, probe)
                 return
+        if job.kind == "baseline" and self.cfg.backend == "ray" \
+                and (canonical := self.gate.canonical_to_run(job.config)) is not None:
+            # The baseline is judged against the simplest layout of its maths before it becomes the reference.
+            check = Job("canonical", job.number, {}, canonical)
+            check.runs.append((yield canonical))
+            self._finish(check, check.runs[0])
         outcome = yield job.config
         job.runs.append(outcome)
         if job.kind == "baseline" and outcome.status == "ok" and outcome.result is not None \
-                and self._needs_repeat(outcome.result):
+                and self.gate.needs_repeat(outcome.result):
             # bf16/GPU: the baseline's own run-to-run spread sets the parity tolerance, so measure it twice.
-            repeat = yield job.config
-            job.runs.append(repeat)
-            if repeat.status == "ok":
-                self.refs.add(parity.reference_from_result(repeat.result))
+            job.runs.append((yield job.config))
         self._finish(job, outcome)
-
-    def _needs_repeat(self, result: Any) -> bool:
-        return parity.needs_repeat(result.config) and not self.refs.runs(parity.maths_key(result.config))
-
-    def _use_reference(self, result: Any, store: bool) -> None:
-        """The parity reference: the first stored baseline run of these maths; tolerance from all of them."""
-        ref = parity.reference_from_result(result)
-        runs = self.refs.add(ref) if store else (self.refs.runs(ref["maths_key"]) or [ref])
-        self.reference, self.tolerance = runs[0], parity.tolerance_for(runs)
 
     def _finished_trials(self) -> int:
         """What the budgets count: finished Optuna trials, baseline included (a resumed study counts its own)."""
@@ -326,16 +319,20 @@ class Sweep:
         status, reason, verdict = outcome.status, outcome.reason, None
         metrics = backends.metrics_of(outcome)
         if status == "ok" and outcome.result is not None:
-            if job.kind == "baseline":
-                self._use_reference(outcome.result, store=True)
-            verdict = _verdict(self.reference, outcome.result, self.tolerance)
-            if verdict is not None and not verdict["passed"]:
-                status, reason = "infeasible", (f"parity: {verdict['first_fail_metric']} differs from the baseline "
-                                                f"at step {verdict['first_fail_step']}")
-                if job.kind == "baseline":
-                    reason += (f": this baseline does not reproduce the stored reference of the same maths "
-                               f"({self.refs.root / self.reference['maths_key']}.json); if the software or hardware "
-                               f"changed on purpose, delete that file")
+            try:
+                if job.kind == "canonical":
+                    verdict = self.gate.judge_canonical(outcome.result)
+                elif job.kind == "baseline":
+                    repeats = [r.result for r in job.runs[1:] if r.status == "ok" and r.result is not None]
+                    verdict = self.gate.judge_baseline(outcome.result, repeats)
+                else:
+                    verdict = self.gate.judge(outcome.result)
+            except trust.TrustError as e:
+                status, reason, verdict = "infeasible", f"parity: {e}", e.verdict
+            if verdict is not None and not verdict["passed"] and status == "ok":
+                status, reason = "infeasible", f"parity: {parity.describe_failure(verdict)} (vs the reference)"
+        if job.kind == "canonical":
+            return status, reason, metrics, verdict  # a reference run: no budget applies to it
         budget = self.cfg.resources.memory_budget_gb
         if status == "ok" and budget and (metrics.get("peak_memory_bytes") or 0) > budget * 2**30:
             status, reason = "infeasible", (f"memory: peak {fmt_bytes(metrics['peak_memory_bytes'])}"
@@ -350,7 +347,8 @@ class Sweep:
         if metrics.get("step_time_s") and base:
             metrics["speedup_vs_baseline"] = base / metrics["step_time_s"]
         target = self.cfg.target.seconds(base)
-        meets = status == "ok" and target is not None and metrics.get("step_time_s", float("inf")) <= target
+        meets = (job.kind != "canonical" and status == "ok" and target is not None  # a reference run is no candidate
+                 and metrics.get("step_time_s", float("inf")) <= target)
         runs = [r for r in job.runs if r is not None]
         wall = sum(r.wall_s for r in runs)
         run_name = f"trial{job.number}" + ("" if job.kind == "trial" else f"_{job.kind}{extra.get('repeat', '')}")
@@ -377,11 +375,11 @@ class Sweep:
         best = report.secs(self.best_s, self.cfg.backend == "model")
         self.progress.finished(line, len(L.measured(self.records)), best,
                                self.cfg.target.describe(base))
-        if job.kind == "baseline":
+        if job.kind in ("baseline", "canonical"):
             self._after_baseline(job, status, reason)
         # A prediction costs microseconds and repeats exactly: the model backend searches its whole budget for
         # the best plan instead of stopping at the first one under the target, and has nothing to confirm.
-        if meets and job.kind != "confirm" and self.cfg.backend == "ray":
+        if meets and job.kind in ("baseline", "trial") and self.cfg.backend == "ray":
             if self.cfg.confirm.repeats == 0:
                 self._target_reached(f"trial {job.number} meets the target (confirm.repeats=0)")
             else:
@@ -389,10 +387,15 @@ class Sweep:
         return line
 
     def _after_baseline(self, job: Job, status: str, reason: str | None) -> None:
+        what = "the baseline" if job.kind == "baseline" else "the canonical reference run of the baseline"
+        if status == "infeasible" and (reason or "").startswith("parity: "):
+            raise SweepError(f"{what} (trial {job.number}) failed parity: {reason[len('parity: '):]}")
         if status != "ok":
-            what = "ran but is infeasible" if status == "infeasible" else f"did not run: {status}"
-            raise SweepError(f"the baseline (trial {job.number}) {what}: {reason}. Fix the baseline config (or "
+            how = "ran but is infeasible" if status == "infeasible" else f"did not run: {status}"
+            raise SweepError(f"{what} (trial {job.number}) {how}: {reason}. Fix the baseline config (or "
                              f"resources) first; it is queued again, and rerunning retries it")
+        if job.kind == "canonical":
+            return
         if not self.study.user_attrs.get("enqueued"):
             # Only now: Optuna pops waiting trials in order, and nothing may run before the baseline.
             for params in self.cfg.enqueue:
@@ -442,15 +445,6 @@ def _probe_info(job: Job, status: str) -> dict:
     n = len(probe.result.steps)
     return {"probe": {"steps": n, "step_time_s": probe.result.summary.step_time_s, "wall_s": probe.wall_s,
                       "skipped_steps": job.config.run.steps - n if status == "pruned" else 0}}
-
-
-def _verdict(reference: dict | None, result: Any, tolerance: parity.Tolerance | None = None) -> dict | None:
-    if reference is None:
-        return None
-    verdict = parity.compare(reference, result, tolerance=tolerance)
-    if parity.maths_key(result.config) != reference["maths_key"]:
-        verdict.update(passed=False, first_fail_step=0, first_fail_metric="maths settings")
-    return verdict
 
 
 def _sampler(cfg: SweepConfig) -> optuna.samplers.BaseSampler:

@@ -8,7 +8,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import yaml
 
 
 @pytest.fixture(scope="session")
@@ -67,6 +66,8 @@ def sweep_file(tmp_path):
     """
 
     def write(name: str = "sweep.yaml", **changes) -> Path:
+        import yaml  # here, not at the top: the GPU tier runs without the project's dependencies
+
         data = yaml.safe_load(yaml.safe_dump(TINY_SWEEP))
         data["storage"] = {"results_dir": str(tmp_path / "results")}
         for key, value in changes.items():

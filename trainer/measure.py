@@ -13,7 +13,10 @@ import time
 from collections import defaultdict
 from typing import Iterator
 
-import nvtx  # a no-op without a CUDA profiler attached; torch.cuda.nvtx raises on CPU builds
+try:
+    import nvtx  # a no-op without a CUDA profiler attached; torch.cuda.nvtx raises on CPU builds
+except ImportError:  # the GPU tier runs on a machine's own torch, without the project's install (tests/gpu)
+    nvtx = None
 import torch
 from torch import nn
 
@@ -55,7 +58,7 @@ class PhaseClock:
         # Labelled in a torch.profiler trace too (run.profile_step), and only then: no cost on measured updates.
         label = (torch.profiler.record_function(name) if torch.autograd._profiler_enabled()
                  else contextlib.nullcontext())
-        with nvtx.annotate(name), label:
+        with nvtx.annotate(name) if nvtx else contextlib.nullcontext(), label:
             yield
         sync(self.device)
         self.add(name, start, self.now())

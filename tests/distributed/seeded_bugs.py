@@ -86,6 +86,26 @@ def bug_lr_plus_one_percent():
     run._set_lr = set_lr
 
 
+def bug_recompute_replays_perturbed_input():
+    """Full recompute whose replay in backward runs the layers on slightly different inputs: the forward (and so
+    the loss at step 0) is right, every gradient through a recomputed group is wrong. Also a Ray
+    ``worker_process_setup_hook`` (tests/e2e/test_faults_parity.py), so a real sweep's ranks carry it."""
+    import trainer.model as model
+
+    orig = model._maybe_checkpoint
+
+    def maybe_checkpoint(enabled, fn, *args):
+        if not (enabled and model.torch.is_grad_enabled()):
+            return orig(enabled, fn, *args)
+        calls = [0]
+
+        def replayed(*xs):
+            calls[0] += 1  # the first call is the forward; any later one is the recompute in backward
+            return fn(*(x * (1 + 1e-2) if calls[0] > 1 and x.is_floating_point() else x for x in xs))
+        return model.checkpoint(replayed, *args, use_reentrant=False)
+    model._maybe_checkpoint = maybe_checkpoint
+
+
 # (bug, layout overrides, first failing step it must be caught at, metric that catches it)
 BUGS = [
     (bug_loss_not_divided_by_microbatches, {"parallel.pp": 2}, 0, "loss"),
@@ -96,4 +116,5 @@ BUGS = [
     (bug_replicas_diverge, {"parallel.dp": 2, "batch.micro_batch_size": 1, "data_parallel.bucket_mb": 0.01,
                            "data_parallel.overlap_grad_reduce": False}, 1, "loss"),
     (bug_skip_dp_sync_on_stage1, {"parallel.pp": 2, "parallel.dp": 2, "batch.micro_batch_size": 1}, 0, "grad_norm"),
+    (bug_recompute_replays_perturbed_input, {"parallel.pp": 2, "recompute.kind": "full"}, 0, "grad_norm"),
 ]

@@ -211,7 +211,8 @@ def test_ui_command_is_absolute(store, monkeypatch):
 
 
 def test_real_trainer_result(store, tmp_path):
-    launch = pytest.importorskip("trainer.launch")
+    from trainer import launch
+
     _, tracker = store
     cfg = TrainConfig.from_dict({"model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "seq_len": 16},
                                  "batch": {"global_batch": 4, "micro_batch_size": 1}, "parallel": {"pp": 2, "dp": 1},
@@ -227,10 +228,3 @@ def test_real_trainer_result(store, tmp_path):
     assert len(tracker.client.get_metric_history(run_id, "step/loss")) == 4
     assert tracker.client.get_run(run_id).data.params["derived.stage_layers"] == "1,1"
     tracker.finish_sweep(parent, {}, None, "")
-
-
-def test_pareto_front_is_the_non_dominated_points():
-    from orchestrator.sweep_plots import pareto_front
-
-    pts = [(4.0, 0.07), (6.0, 0.055), (6.0, 0.056), (5.0, 0.10), (8.0, 0.08), (7.0, 0.05)]
-    assert pareto_front(pts) == [(4.0, 0.07), (6.0, 0.055), (7.0, 0.05)]

@@ -91,6 +91,29 @@ def test_cpu_peak_is_measured_and_labelled():
     assert peak > 1e8 and basis.startswith("measured CPU peak")
 
 
+def test_cpu_peak_counts_the_flops_of_the_matmul_it_times(monkeypatch):
+    """2 x n^3 FLOPs for an n x n by n x n matmul, over the best time: checked with a clock that ticks 0.25 s per
+    read and the matmul's operands recorded (a count halved, or a matmul of other dimensions, fails)."""
+    import types
+
+    from trainer import measure
+
+    ticks = iter(0.25 * i for i in range(1000))
+    monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    shapes = []
+    real_randn = torch.randn
+
+    def randn(*size, **kw):
+        shapes.append(tuple(size))
+        return real_randn(*size, **kw)
+    monkeypatch.setattr(measure.torch, "randn", randn)
+    for n in (64, 128):
+        shapes.clear()
+        assert measure._measure_cpu_matmul(torch.float32, n=n) == pytest.approx(2 * n ** 3 / 0.25)
+        assert shapes == [(n, n), (n, n)]
+    assert "512x512x512" in measure.peak_flops(torch.device("cpu"), "fp32")[1]  # the label names what was timed
+
+
 def test_stage_holds_exactly_the_single_process_tensors():
     cfg = ModelConfig(vocab_size=32, n_layers=4, d_model=16, n_heads=2, seq_len=8)
     whole, stage = GPT(cfg), GPT(cfg, [2, 3], has_embedding=False, has_head=True)

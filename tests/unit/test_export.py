@@ -266,7 +266,7 @@ def test_chosen_trial_and_refusals(ledger, tmp_path):
     paths = export_trial(ledger, 4, tmp_path / "t4")
     assert flag((tmp_path / "t4" / "megatron_args.txt").read_text().split(), "--recompute-method") == ["uniform"]
     assert len(paths) == 3
-    with pytest.raises(ValueError, match="failed loss parity at step 2"):
+    with pytest.raises(ValueError, match=r"failed parity: loss differs at step 2 \(difference 0.003, tolerance 1e-05\)"):
         export_trial(ledger, 2, tmp_path / "t2")
     with pytest.raises(ValueError, match="did not finish: status oom: RankFailed"):
         export_trial(ledger, 3, tmp_path / "t3")
@@ -278,10 +278,35 @@ def test_chosen_trial_and_refusals(ledger, tmp_path):
 def test_force_exports_with_the_reason_up_front(ledger, tmp_path):
     export_trial(ledger, 2, tmp_path / "t2", force=True)
     summary = (tmp_path / "t2" / "summary.md").read_text()
-    assert "Exported with --force despite:" in summary and "failed loss parity" in summary
-    assert "**FAILED** at step 2 (loss)" in summary
+    assert "Exported with --force despite:" in summary and "failed parity: loss" in summary
+    assert "**FAILED**: loss differs at step 2" in summary
     export_trial(ledger, 3, tmp_path / "t3", force=True)
     assert "status oom" in (tmp_path / "t3" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("metric,diff,tol,named", [
+    ("grad_norm", 2e-3, 1e-4, "grad norm differs at step 1 (difference 0.002, tolerance 0.0001)"),
+    ("parameters", 3e-2, 1e-4, "final parameters differs at step 1 (difference 0.03, tolerance 0.0001)"),
+    ("replicas", 1e-3, 1e-6, "data-parallel replicas differs at step 1 (difference 0.001, tolerance 1e-06)"),
+])
+def test_refusal_names_the_metric_that_failed(tmp_path, metric, diff, tol, named):
+    """Issue 10 item 3: a grad-norm failure used to be refused as "failed loss parity" with the loss's numbers."""
+    rec = _record(1, "trial", 0.05, parity_passed=False)
+    rec["parity"].update(first_fail_step=1, first_fail_metric=metric, first_fail_diff=diff, first_fail_tolerance=tol,
+                         max_loss_rel_diff=0.0)
+    path = tmp_path / "l.jsonl"
+    path.write_text(json.dumps(rec) + "\n")
+    with pytest.raises(ValueError, match="refusing to export") as err:
+        export_trial(path, 1, tmp_path / "o")
+    assert named in str(err.value) and "loss" not in str(err.value).split("failed parity:")[1].split(":")[0]
+    # A line written before the verdict carried first_fail_diff: the failing metric's own worst number.
+    for k in ("first_fail_diff", "first_fail_tolerance"):
+        del rec["parity"][k]
+    rec["parity"].update(max_grad_norm_rel_diff=5e-3, tolerance={"loss_rel": 1e-5, "grad_norm_rel": 1e-4})
+    path.write_text(json.dumps(rec) + "\n")
+    if metric == "grad_norm":
+        with pytest.raises(ValueError, match=r"grad norm differs at step 1 \(difference 0.005, tolerance 0.0001\)"):
+            export_trial(path, 1, tmp_path / "o")
 
 
 def test_unchecked_parity_is_refused(tmp_path):

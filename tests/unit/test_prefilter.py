@@ -191,29 +191,3 @@ def test_summary_from_the_ledger():
     text = prefilter_summary_text(s)
     assert "1 config(s) not launched" in text and "trial 2: predicted peak" in text
     assert "no config" in prefilter_summary_text(prefilter_summary(lines[:1]))
-
-
-# ---- against a real run ----------------------------------------------------------------------------------
-
-ACTIVATION_RANGE = (0.9, 1.1)
-"""Measured / predicted saved-activation bytes on CPU without full recompute: 0.95-1.01 measured (fp32, pp 1-2,
-1F1B and GPipe, selective recompute)."""
-
-
-@pytest.mark.distributed
-def test_prediction_against_a_real_cpu_run():
-    from trainer.launch import spawn
-
-    cfg = tcfg(parallel__pp=2, batch__micro_batch_size=2, model__n_layers=4, batch__global_batch=8)
-    result = spawn(cfg)
-    plan = plan_for_trial(cfg, CPU, EXACT)
-    mem = stage_memory(Consts.of(plan), encode([plan]))
-    for rank in result.ranks:
-        s, m = rank.pp_rank, rank.memory
-        assert mem["params"][0, s] == m["param_bytes"] and mem["grads"][0, s] == m["grad_bytes"]
-        assert mem["optimizer"][0, s] == m["optimizer_state_bytes"]
-        ratio = m["saved_activation_peak_bytes"] / mem["activations"][0, s]
-        assert ACTIVATION_RANGE[0] <= ratio <= ACTIVATION_RANGE[1], (s, ratio)
-    measured_peak = result.summary.peak_memory_bytes
-    assert MemoryPrefilter(CPU, EXACT, budget_bytes=measured_peak / 2).check(cfg)[0]
-    assert not MemoryPrefilter(CPU, EXACT, budget_bytes=measured_peak * 1.05).check(cfg)[0]
