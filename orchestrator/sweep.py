@@ -127,6 +127,8 @@ class Sweep:
 
     def recover(self) -> None:
         """Trials a dead driver left RUNNING: told from the ledger if their line made it, else failed + re-queued."""
+        if self.records:  # lines a killed driver wrote to the ledger but never mirrored to MLflow
+            self._track("reconcile", self.records)
         lines = {r["trial"]: r for r in L.measured(self.records)}
         for ft in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if ft.number in lines:
@@ -464,5 +466,9 @@ def run_sweep(cfg: SweepConfig, out: Callable[[str], None] | None = None) -> tup
         # What `report` needs to judge the ledger again (the target, the confirm rule), beside the ledger.
         (cfg.results_dir / "sweep.yaml").write_text(yaml.safe_dump(cfg.raw, sort_keys=False))
         sweep = Sweep(cfg, out)
-        summary = sweep.run()
+        try:
+            summary = sweep.run()
+        except BaseException as e:  # the MLflow parent must not stay RUNNING: ended FAILED/KILLED with why
+            sweep._track("end_sweep", e)
+            raise
         return summary, sweep.records

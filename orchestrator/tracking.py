@@ -24,8 +24,10 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from orchestrator import sweep_plots
+from orchestrator import ledger as L
+from orchestrator import report, sweep_plots
 from orchestrator.timeline import render_timeline
+from orchestrator.tracking_store import open_with_recovery
 from trainer.config import TrainConfig, flatten
 
 # MLflow's per-request limits (mlflow.utils.validation): 100 params+tags, 1000 entities in all.
@@ -36,6 +38,13 @@ _DONE = {"FINISHED", "FAILED", "KILLED"}
 # Trial status -> MLflow run status: only a finished measurement is FINISHED, so the UI's status
 # column already separates usable trials from the rest.
 _RUN_STATUS = {"ok": "FINISHED", "pruned": "KILLED", "skipped": "KILLED"}
+# The UI's experiment kind (mlflow/server/js: ExperimentKind.CUSTOM_MODEL_DEVELOPMENT): a model-development
+# experiment, shown with runs, charts and params, not as GenAI "evaluation runs" and traces.
+_EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+# MLflow 3.x picks its sidebar's GenAI / "Model training" view from this URL query before any tag.
+UI_VIEW_QUERY = "workflowType=machine_learning"
+# The parent's per-trial history: a trial's own step time and the best so far, step = trial number.
+PROGRESS = ("step_time_s", "best_step_time_s")
 
 
 def tracking_uri_for(results_dir: Path) -> str:
@@ -54,8 +63,12 @@ class Tracker:
             # current directory is; keep them next to the database, under results/.
             artifact_root = artifact_root or db.parent / "mlartifacts"
         self.artifact_root = Path(artifact_root).resolve() if artifact_root else None
-        self.client = MlflowClient(tracking_uri=tracking_uri)
-        self.experiment_id = self._experiment(experiment)
+
+        def open_store() -> tuple[MlflowClient, str]:
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+            return self.client, self._experiment(experiment)  # the first call that touches the store
+
+        self.client, self.experiment_id = open_with_recovery(db, open_store)
         self._sweep_names: dict[str, str] = {}  # parent run id -> sweep name, for lines that omit it
 
     def _experiment(self, name: str) -> str:
@@ -63,13 +76,16 @@ class Tracker:
         if exp is None:
             try:
                 return self.client.create_experiment(
-                    name, artifact_location=self.artifact_root.as_uri() if self.artifact_root else None)
+                    name, artifact_location=self.artifact_root.as_uri() if self.artifact_root else None,
+                    tags=dict([_EXPERIMENT_KIND]))
             except MlflowException:  # created concurrently by another process: use theirs
                 exp = self.client.get_experiment_by_name(name)
                 if exp is None:
                     raise
         if exp.lifecycle_stage == "deleted":
             self.client.restore_experiment(exp.experiment_id)
+        if _EXPERIMENT_KIND[0] not in exp.tags:  # a kind the user picked in the UI stays theirs
+            self.client.set_experiment_tag(exp.experiment_id, *_EXPERIMENT_KIND)
         return exp.experiment_id
 
     # ---- sweep (parent run) ------------------------------------------------------------------
@@ -82,6 +98,9 @@ class Tracker:
             run_id = run.info.run_id
             if run.info.status != "RUNNING":
                 self.client.update_run(run_id, status="RUNNING")
+            for stale in ("steptune.stop_reason", "steptune.stopped_by"):  # from the previous, stopped driver
+                if stale in run.data.tags:
+                    self.client.delete_tag(run_id, stale)
             old = run.data.params
         else:
             run_id = self.client.create_run(self.experiment_id, run_name=sweep_name, tags={
@@ -102,27 +121,71 @@ class Tracker:
         self._sweep_names[run_id] = sweep_name
         return run_id
 
-    def log_trial(self, parent_run_id: str, record: dict[str, Any]) -> str:
-        """One child run for one ledger line; an already-logged (trial, kind) returns the existing run."""
+    def log_trial(self, parent_run_id: str, record: dict[str, Any], progress: bool = True) -> str:
+        """One child run for one ledger line; an already-logged (trial, kind, repeat) returns the existing run.
+
+        A new baseline or trial line also extends the parent's per-trial history (``PROGRESS``), unless
+        ``progress`` is off (``reconcile`` writes that history itself, in ledger order)."""
         trial, kind = record.get("trial"), record.get("kind", "trial")
         for run in self._children(parent_run_id, f"tags.\"steptune.trial\" = {_q(str(trial))} "
                                                  f"and tags.\"steptune.kind\" = {_q(kind)}"):
+            if _run_key(run) != _line_key(record):
+                continue  # another confirm repeat of the same trial
             if run.info.status in _DONE:
                 return run.info.run_id
             self.client.delete_run(run.info.run_id)  # half-logged before a crash: log it again, whole
+        run_id = self._create_child(parent_run_id, record)
+        if progress and kind in ("baseline", "trial"):
+            best = [m.value for m in self.client.get_metric_history(parent_run_id, PROGRESS[1])]
+            self._log(parent_run_id, {}, {}, {}, _progress(record, min(best, default=math.inf)))
+        return run_id
+
+    def reconcile(self, parent_run_id: str, records: list[dict[str, Any]]) -> int:
+        """Make the store hold every ledger line once (on resume); returns how many child runs were logged.
+
+        The ledger is written before MLflow, so a driver killed in between leaves lines that Optuna is told
+        about on resume but MLflow never saw. Children are matched by their tags (trial, kind, repeat), the
+        parent's history by step: running it twice logs nothing the second time."""
+        done = {_run_key(r) for r in self._children(parent_run_id, "") if r.info.status in _DONE}
+        missing = [r for r in records if _line_key(r) not in done]
+        for r in missing:
+            self.log_trial(parent_run_id, r, progress=False)
+        have = {k: {m.step for m in self.client.get_metric_history(parent_run_id, k)} for k in PROGRESS}
+        points, best = [], math.inf
+        for r in L.measured(records):  # ledger order is finishing order: the best as it was when each line landed
+            for name, step, value in _progress(r, best):
+                best = min(best, value) if name == PROGRESS[1] else best
+                if step not in have[name]:
+                    points.append((name, step, value))
+        if points:
+            self._log(parent_run_id, {}, {}, {}, points)
+        top = L.best_of(records)
+        if top is not None and self.client.get_run(parent_run_id).data.tags.get("steptune.best_trial") != str(
+                top["trial"]):
+            self.log_best(parent_run_id, top)
+        return len(missing)
+
+    def end_sweep(self, parent_run_id: str, error: BaseException) -> None:
+        """A sweep that stopped on an error: the parent is ended FAILED (KILLED for Ctrl-C), the reason tagged."""
+        status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+        reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        self._log(parent_run_id, {}, {}, {"steptune.stop_reason": reason[:_MAX_TAG],
+                                          "steptune.stopped_by": type(error).__name__})
+        self.client.set_terminated(parent_run_id, status)
+
+    def _create_child(self, parent_run_id: str, record: dict[str, Any]) -> str:
         status = record.get("status", "failed")
         tags = {"mlflow.parentRunId": parent_run_id,
                 **_trial_tags(dict(record, sweep=record.get("sweep") or self._sweep_names.get(parent_run_id, "")))}
-        name = kind if kind == "baseline" else f"{kind}-{trial}"
         run_id = self.client.create_run(self.experiment_id, start_time=_ms(record.get("started_at")),
-                                        tags=tags, run_name=name).info.run_id
+                                        tags=tags, run_name=run_name(record)).info.run_id
         metrics, steps = _trial_metrics(record)
         self._log(run_id, metrics, _trial_params(record), {}, steps)
         with tempfile.TemporaryDirectory(prefix="steptune-mlflow-") as tmp:
             _write_trial_artifacts(Path(tmp), record)
             self.client.log_artifacts(run_id, tmp)
         self.client.set_terminated(run_id, _RUN_STATUS.get(status, "FAILED"), _ms(record.get("finished_at")))
-        if kind == "baseline" and status == "ok":
+        if record.get("kind") == "baseline" and status == "ok":
             base = {f"baseline.{k}": v for k, v in metrics.items() if k in _HEADLINE - {"speedup_vs_baseline"}}
             self._log(parent_run_id, base, {}, {"steptune.baseline_run_id": run_id})
         return run_id
@@ -154,11 +217,14 @@ class Tracker:
         points = [_point(r) for r in self._children(parent_run_id, "")]
         with tempfile.TemporaryDirectory(prefix="steptune-mlflow-") as tmp:
             out = Path(tmp)
-            (out / "summary_table.txt").write_text(table_text)
             (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
             notes = sweep_plots.write_all(out / "plots", study, points, target)
             if notes:
                 (out / "plots" / "NOTES.txt").write_text("\n".join(notes) + "\n")
+            pictures = sorted(p.name for p in (out / "plots").glob("*.png"))
+            name = self._sweep_names.get(parent_run_id) or self.client.get_run(parent_run_id).data.tags.get(
+                "steptune.sweep", "")
+            (out / "summary.md").write_text(_summary_md(name, summary, table_text, pictures, notes))
             self.client.log_artifacts(parent_run_id, tmp)
         self._log(parent_run_id, numeric, {}, {} if target is None else {"steptune.target_s": repr(float(target))})
         self.client.set_terminated(parent_run_id, "FINISHED")
@@ -223,6 +289,59 @@ def find_trial_run(tracking_uri: str, experiment: str, record: dict[str, Any]) -
     return runs[0].info.run_id if runs else None
 
 
+def _line_key(record: dict[str, Any]) -> tuple[str, str, str]:
+    """What identifies a ledger line's child run: trial, kind and (confirm lines only) the repeat number."""
+    kind = str(record.get("kind", "trial"))
+    return str(record.get("trial")), kind, str(record.get("repeat") or 1) if kind == "confirm" else ""
+
+
+def _run_key(run) -> tuple[str, str, str]:
+    t = run.data.tags
+    kind = t.get("steptune.kind", "trial")
+    # A confirm logged before repeats were tagged was the first (later repeats collided with it).
+    return t.get("steptune.trial", ""), kind, t.get("steptune.repeat", "1") if kind == "confirm" else ""
+
+
+def _progress(record: dict[str, Any], best: float) -> list[tuple[str, int, float]]:
+    """The parent's history points for one baseline/trial line, given the best step time before it."""
+    trial, own = record.get("trial"), (record.get("metrics") or {}).get("step_time_s")
+    if not isinstance(trial, int):
+        return []
+    points = []
+    if record.get("status") == "ok" and isinstance(own, (int, float)):  # usable lines only, as L.best_of
+        points.append((PROGRESS[0], trial, float(own)))
+        best = min(best, float(own))
+    return points + ([(PROGRESS[1], trial, best)] if best < math.inf else [])
+
+
+_NAME = {"parallel.pp": "pp", "parallel.dp": "dp", "batch.micro_batch_size": "mbs", "pipeline.schedule": "",
+         "pipeline.virtual_stages": "v", "recompute.kind": "rc=", "recompute.num_layers": "rcl",
+         "recompute.method": "rcm=", "data_parallel.kind": "", "data_parallel.overlap_grad_reduce": "overlap",
+         "data_parallel.overlap_param_gather": "pgather", "data_parallel.bucket_mb": "bkt",
+         "pipeline.split.first": "first", "pipeline.split.last": "last", "pipeline.split.kind": "split="}
+"""Short run-name labels: ``pp`` + 2 reads "pp2", ``rc=`` + selective reads "rc=sel", "" shows the value only."""
+_ABBREV = {"selective": "sel", "interleaved_1f1b": "i1f1b", "none": "none", "full": "full"}
+
+
+def run_name(record: dict[str, Any]) -> str:
+    """A child run's name from its params, short enough for the UI's run column: "t7 pp2 1f1b mbs4 rc=sel"."""
+    kind, trial = record.get("kind", "trial"), record.get("trial")
+    head = {"baseline": f"t{trial} baseline", "confirm": f"t{trial} confirm{record.get('repeat') or 1}"}.get(
+        kind, f"t{trial}")
+    words = []
+    for key, value in (record.get("params") or {}).items():
+        label = _NAME.get(key, key.rsplit(".", 1)[-1] + "=")
+        if isinstance(value, bool):
+            words.append(label.rstrip("=") if value else f"no-{label.rstrip('=')}")
+        elif isinstance(value, float):
+            words.append(f"{label}{value:.3g}")
+        elif isinstance(value, str):
+            words.append(f"{label}{_ABBREV.get(value, value)}")
+        elif not isinstance(value, (dict, list)):
+            words.append(f"{label}{value}")
+    return " ".join([head, *words])[:200]
+
+
 def _trial_tags(record: dict[str, Any]) -> dict[str, str]:
     parity = record.get("parity")
     verdict = "not_checked" if not parity else ("passed" if parity.get("passed") else "failed")
@@ -238,6 +357,8 @@ def _trial_tags(record: dict[str, Any]) -> dict[str, str]:
         # A cost-model prediction must never be mistaken for a measurement in the UI or a query.
         "steptune.measurement": "prediction" if backend == "model" else "measured",
     }
+    if tags["steptune.kind"] == "confirm":
+        tags["steptune.repeat"] = _line_key(record)[2]
     if parity and not parity.get("passed"):
         tags["steptune.parity_first_fail"] = (f"step {parity.get('first_fail_step')}: "
                                               f"{parity.get('first_fail_metric')}")
@@ -315,6 +436,23 @@ def _write_trial_artifacts(out: Path, record: dict[str, Any]) -> None:
         if p.is_file():
             (out / "traces").mkdir(exist_ok=True)
             (out / "traces" / p.name).write_bytes(p.read_bytes())
+
+
+def _summary_md(name: str, summary: dict[str, Any], table_text: str, pictures: list[str], notes: list[str]) -> str:
+    """The parent's summary as Markdown (the UI renders .md artifacts): the headline, the table, the pictures."""
+    try:
+        lines = report.summary_text(summary).splitlines()
+    except (KeyError, TypeError, AttributeError):  # a partial summary: its plain values as they are
+        lines = [f"{k}: {v}" for k, v in summary.items() if isinstance(v, (str, int, float)) or v is None]
+    out = [f"# steptune sweep `{name}`", "", f"Stopped because: **{summary.get('stopped_because', '-')}**", ""]
+    out += [f"- {line.strip()}" for line in lines if line.strip()]
+    # Fenced: the table's columns are aligned with spaces, and params hold characters Markdown would eat.
+    out += ["", "## Trials", "", "Ranked by step time; every trial is a child run of this one.", "",
+            "```text", table_text.rstrip(), "```", "", "## Pictures", ""]
+    out += [f"- `plots/{p}`" for p in pictures] + [f"- skipped: {n}" for n in notes]
+    out += ["", "The chart view of this run plots `best_step_time_s` and each trial's `step_time_s` "
+                "against the trial number.", ""]
+    return "\n".join(out)
 
 
 def _point(run) -> dict[str, Any]:

@@ -117,7 +117,7 @@ def test_sweep_parent_children_params_metrics_artifacts(store, tmp_path):
     assert p.data.metrics["baseline.step_time_s"] == 0.10 and p.data.metrics["best.step_time_s"] == 0.055
     assert p.data.metrics["final.best_step_time_s"] == 0.056
     top = {a.path for a in client.list_artifacts(parent)}
-    assert {"sweep_config.yaml", "summary_table.txt", "summary.json", "plots"} <= top
+    assert {"sweep_config.yaml", "summary.md", "summary.json", "plots"} <= top
     plots = {a.path for a in client.list_artifacts(parent, "plots")}
     assert {"plots/optimization_history.png", "plots/param_importances.png",
             "plots/step_time_vs_peak_memory.png"} <= plots
