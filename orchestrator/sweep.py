@@ -196,7 +196,7 @@ class Sweep:
                 runner.close()
         summary = report.summarize(self.records, self.cfg.target, self.cfg.confirm.repeats)
         summary.update(stopped_because=self.stop_reason or "the trial budget is spent", startup_s=startup,
-                       mlflow_ui=self.tracker.ui_command() if self.tracker else None,
+                       mlflow_ui=self.tracker.open_hint() if self.tracker else None,
                        group_builds=runner.builds if runner else 0,
                        sweep_wall_s=time.perf_counter() - t0,
                        bookkeeping_median_s=statistics.median(self.bookkeeping) if self.bookkeeping else None)

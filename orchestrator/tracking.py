@@ -43,7 +43,9 @@ _RUN_STATUS = {"ok": "FINISHED", "pruned": "KILLED", "skipped": "KILLED"}
 _EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 # MLflow 3.x picks its sidebar's GenAI / "Model training" view from this URL query before any tag.
 UI_VIEW_QUERY = "workflowType=machine_learning"
-# The parent's per-trial history: a trial's own step time and the best so far, step = trial number.
+# The parent's per-trial history: a trial's own step time and the best so far, step = trial number. With
+# target_step_time_s these are the parent's only metrics, so its chart view is the sweep converging (every
+# metric is a chart there; the baseline's and the best trial's other numbers are on their own child runs).
 PROGRESS = ("step_time_s", "best_step_time_s")
 
 
@@ -186,27 +188,22 @@ class Tracker:
             self.client.log_artifacts(run_id, tmp)
         self.client.set_terminated(run_id, _RUN_STATUS.get(status, "FAILED"), _ms(record.get("finished_at")))
         if record.get("kind") == "baseline" and status == "ok":
-            base = {f"baseline.{k}": v for k, v in metrics.items() if k in _HEADLINE - {"speedup_vs_baseline"}}
-            self._log(parent_run_id, base, {}, {"steptune.baseline_run_id": run_id})
+            self._log(parent_run_id, {}, {}, {"steptune.baseline_run_id": run_id})
         return run_id
 
     def log_best(self, parent_run_id: str, record: dict[str, Any]) -> None:
-        """Best-so-far on the parent: metrics with the trial number as step (a history), tags for the latest."""
-        metrics, _ = _trial_metrics(record)
-        step = record.get("trial") if isinstance(record.get("trial"), int) else 0
-        best = {f"best.{k}": v for k, v in metrics.items() if k in _HEADLINE}
-        best["best.trial"] = float(step)
+        """The best line so far, as tags on the parent (its step time is the ``best_step_time_s`` history)."""
         run_id = record.get("mlflow_run_id") or next(
             (r.info.run_id for r in self._children(
                 parent_run_id, f"tags.\"steptune.trial\" = {_q(str(record.get('trial')))} "
                                f"and tags.\"steptune.kind\" = {_q(record.get('kind', 'trial'))}")), "")
         tags = {"steptune.best_trial": str(record.get("trial")), "steptune.best_kind": str(record.get("kind")),
                 "steptune.best_run_id": run_id, "steptune.best_meets_target": _flag(record.get("meets_target"))}
-        self._log(parent_run_id, best, {}, tags, step=step)
+        self._log(parent_run_id, {}, {}, tags)
 
     def finish_sweep(self, parent_run_id: str, summary: dict[str, Any], study: Any, table_text: str) -> None:
         """Final pictures, table and summary on the parent, which is then marked FINISHED."""
-        numeric = {f"final.{k}": v for k, v in _numbers(summary).items()}
+        numeric = {}  # the final numbers are in summary.md / summary.json: a metric each would be a chart each
         # A relative target is only known once the baseline is measured: prefer the summary's.
         target = summary.get("target_s")
         if not isinstance(target, (int, float)):
@@ -239,6 +236,18 @@ class Tracker:
             cmd += ["--default-artifact-root", self.artifact_root.as_uri()]
         return shlex.join(cmd)
 
+    def view_url(self, base: str = "http://127.0.0.1:5000") -> str:
+        """The experiment's page in the UI's "Model training" view (MLflow 3.x otherwise opens its GenAI view)."""
+        if self.tracking_uri.startswith(("http://", "https://")):
+            base = self.tracking_uri
+        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id}?{UI_VIEW_QUERY}"
+
+    def open_hint(self) -> str:
+        """What the sweep prints: the command that serves the store, then the page to open."""
+        if self.tracking_uri.startswith(("http://", "https://")):
+            return f"open {self.view_url()}"
+        return f"{self.ui_command()}  then open {self.view_url()}"
+
     # ---- plumbing --------------------------------------------------------------------------------
 
     def _search(self, filter_string: str) -> list:
@@ -256,9 +265,9 @@ class Tracker:
         return self._search(f"{where} and {extra}" if extra else where)
 
     def _log(self, run_id: str, metrics: dict[str, float], params: dict[str, str], tags: dict[str, str],
-             steps: Iterable[tuple[str, int, float]] = (), step: int = 0) -> None:
+             steps: Iterable[tuple[str, int, float]] = ()) -> None:
         ts = int(time.time() * 1000)
-        ms = [Metric(k, v, ts, step) for k, v in metrics.items()] + [Metric(k, v, ts, s) for k, s, v in steps]
+        ms = [Metric(k, v, ts, 0) for k, v in metrics.items()] + [Metric(k, v, ts, s) for k, s, v in steps]
         pt = [Param(k, v) for k, v in params.items()] + [RunTag(k, v) for k, v in tags.items()]
         # Chunk to MLflow's batch limits; params and tags share one budget.
         while ms or pt:
@@ -266,10 +275,6 @@ class Tracker:
             head_ms, ms = ms[:_MAX_ENTITIES - len(head_pt)], ms[_MAX_ENTITIES - len(head_pt):]
             self.client.log_batch(run_id, metrics=head_ms, params=[p for p in head_pt if isinstance(p, Param)],
                                   tags=[t for t in head_pt if isinstance(t, RunTag)])
-
-
-_HEADLINE = {"step_time_s", "tokens_per_s", "mfu", "hfu", "peak_memory_bytes", "speedup_vs_baseline",
-             "phase.dp_comm_wait_s", "phase.pipeline_idle_s"}
 
 
 def find_trial_run(tracking_uri: str, experiment: str, record: dict[str, Any]) -> str | None:
