@@ -450,7 +450,7 @@ def _summary_md(name: str, summary: dict[str, Any], table_text: str, pictures: l
     except (KeyError, TypeError, AttributeError):  # a partial summary: its plain values as they are
         lines = [f"{k}: {v}" for k, v in summary.items() if isinstance(v, (str, int, float)) or v is None]
     out = [f"# steptune sweep `{name}`", "", f"Stopped because: **{summary.get('stopped_because', '-')}**", ""]
-    out += [f"- {line.strip()}" for line in lines if line.strip()]
+    out += [("  " if line.startswith("  ") else "") + f"- {line.strip()}" for line in lines if line.strip()]
     # Fenced: the table's columns are aligned with spaces, and params hold characters Markdown would eat.
     out += ["", "## Trials", "", "Ranked by step time; every trial is a child run of this one.", "",
             "```text", table_text.rstrip(), "```", "", "## Pictures", ""]
