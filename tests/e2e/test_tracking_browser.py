@@ -118,8 +118,12 @@ def ui(tmp_path):
                 time.sleep(0.25)
         yield base, tracker, parent
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(15)
+        os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group: it and its workers
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine (apt-get install chromium)")
