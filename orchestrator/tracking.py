@@ -3,9 +3,9 @@
 Everything goes through ``MlflowClient`` with explicit run ids and batched writes, never the global
 active-run stack (``mlflow.start_run``): the parent stays open while children are written, and the
 process-wide "active run" would leak between sweeps, tests and threads. Resume is by tags, not by memory: the parent is the run
-tagged ``steptune.sweep=<name>, steptune.role=parent``; a trial is the child tagged with its trial number
-and kind, so logging the same ledger line twice is a no-op. The ledger stays the source of truth; this
-module only mirrors it for review in the MLflow UI.
+tagged ``steptune.sweep=<name>, steptune.role=parent``; a ledger line is the child tagged with its trial number,
+kind and (confirmations) repeat, so logging a line twice is a no-op and a resume logs only what is missing
+(``reconcile``). The ledger stays the source of truth; this module only mirrors it for review in the UI.
 """
 
 from __future__ import annotations
@@ -15,25 +15,24 @@ import math
 import shlex
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from orchestrator import ledger as L
-from orchestrator import report, sweep_plots
-from orchestrator.timeline import render_timeline
+from orchestrator import sweep_plots
+from orchestrator.tracking_lines import (MAX_TAG, PROGRESS, epoch_ms, flag, line_key, params_of,
+                                         plot_point, progress_points, run_key, run_name, summary_md, to_yaml,
+                                         trial_metrics, trial_params, trial_tags, write_trial_artifacts)
 from orchestrator.tracking_store import open_with_recovery
-from trainer.config import TrainConfig, flatten
+from trainer.config import flatten
 
 # MLflow's per-request limits (mlflow.utils.validation): 100 params+tags, 1000 entities in all.
 _MAX_PARAMS_TAGS, _MAX_ENTITIES = 100, 1000
 _SHORT_PARAM = 250  # sweep-config values longer than this live only in the YAML artifact
-_MAX_TAG = 5000
 _DONE = {"FINISHED", "FAILED", "KILLED"}
 # Trial status -> MLflow run status: only a finished measurement is FINISHED, so the UI's status
 # column already separates usable trials from the rest.
@@ -43,10 +42,6 @@ _RUN_STATUS = {"ok": "FINISHED", "pruned": "KILLED", "skipped": "KILLED"}
 _EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 # MLflow 3.x picks its sidebar's GenAI / "Model training" view from this URL query before any tag.
 UI_VIEW_QUERY = "workflowType=machine_learning"
-# The parent's per-trial history: a trial's own step time and the best so far, step = trial number. With
-# target_step_time_s these are the parent's only metrics, so its chart view is the sweep converging (every
-# metric is a chart there; the baseline's and the best trial's other numbers are on their own child runs).
-PROGRESS = ("step_time_s", "best_step_time_s")
 
 
 def tracking_uri_for(results_dir: Path) -> str:
@@ -112,14 +107,14 @@ class Tracker:
                                       f"source of truth; this is its mirror for review.",
             }).info.run_id
             old = {}
-        params = {k: v for k, v in _params(flatten(sweep_config)).items() if len(v) <= _SHORT_PARAM}
+        params = {k: v for k, v in params_of(flatten(sweep_config)).items() if len(v) <= _SHORT_PARAM}
         changed = sorted(k for k in params if k in old and old[k] != params[k])
         tags = {"steptune.target_s": "none" if target_s is None else repr(float(target_s))}
         if changed:  # params are immutable in MLflow: say so instead of failing the resumed sweep
-            tags["steptune.config_changed_on_resume"] = ",".join(changed)[:_MAX_TAG]
+            tags["steptune.config_changed_on_resume"] = ",".join(changed)[:MAX_TAG]
         metrics = {} if target_s is None else {"target_step_time_s": float(target_s)}
         self._log(run_id, metrics, {k: v for k, v in params.items() if k not in old}, tags)
-        self.client.log_text(run_id, _yaml(sweep_config), "sweep_config.yaml")
+        self.client.log_text(run_id, to_yaml(sweep_config), "sweep_config.yaml")
         self._sweep_names[run_id] = sweep_name
         return run_id
 
@@ -131,7 +126,7 @@ class Tracker:
         trial, kind = record.get("trial"), record.get("kind", "trial")
         for run in self._children(parent_run_id, f"tags.\"steptune.trial\" = {_q(str(trial))} "
                                                  f"and tags.\"steptune.kind\" = {_q(kind)}"):
-            if _run_key(run) != _line_key(record):
+            if run_key(run) != line_key(record):
                 continue  # another confirm repeat of the same trial
             if run.info.status in _DONE:
                 return run.info.run_id
@@ -139,7 +134,7 @@ class Tracker:
         run_id = self._create_child(parent_run_id, record)
         if progress and kind in ("baseline", "trial"):
             best = [m.value for m in self.client.get_metric_history(parent_run_id, PROGRESS[1])]
-            self._log(parent_run_id, {}, {}, {}, _progress(record, min(best, default=math.inf)))
+            self._log(parent_run_id, {}, {}, {}, progress_points(record, min(best, default=math.inf)))
         return run_id
 
     def reconcile(self, parent_run_id: str, records: list[dict[str, Any]]) -> int:
@@ -148,14 +143,14 @@ class Tracker:
         The ledger is written before MLflow, so a driver killed in between leaves lines that Optuna is told
         about on resume but MLflow never saw. Children are matched by their tags (trial, kind, repeat), the
         parent's history by step: running it twice logs nothing the second time."""
-        done = {_run_key(r) for r in self._children(parent_run_id, "") if r.info.status in _DONE}
-        missing = [r for r in records if _line_key(r) not in done]
+        done = {run_key(r) for r in self._children(parent_run_id, "") if r.info.status in _DONE}
+        missing = [r for r in records if line_key(r) not in done]
         for r in missing:
             self.log_trial(parent_run_id, r, progress=False)
         have = {k: {m.step for m in self.client.get_metric_history(parent_run_id, k)} for k in PROGRESS}
         points, best = [], math.inf
         for r in L.measured(records):  # ledger order is finishing order: the best as it was when each line landed
-            for name, step, value in _progress(r, best):
+            for name, step, value in progress_points(r, best):
                 best = min(best, value) if name == PROGRESS[1] else best
                 if step not in have[name]:
                     points.append((name, step, value))
@@ -171,22 +166,22 @@ class Tracker:
         """A sweep that stopped on an error: the parent is ended FAILED (KILLED for Ctrl-C), the reason tagged."""
         status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
         reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-        self._log(parent_run_id, {}, {}, {"steptune.stop_reason": reason[:_MAX_TAG],
+        self._log(parent_run_id, {}, {}, {"steptune.stop_reason": reason[:MAX_TAG],
                                           "steptune.stopped_by": type(error).__name__})
         self.client.set_terminated(parent_run_id, status)
 
     def _create_child(self, parent_run_id: str, record: dict[str, Any]) -> str:
         status = record.get("status", "failed")
         tags = {"mlflow.parentRunId": parent_run_id,
-                **_trial_tags(dict(record, sweep=record.get("sweep") or self._sweep_names.get(parent_run_id, "")))}
-        run_id = self.client.create_run(self.experiment_id, start_time=_ms(record.get("started_at")),
+                **trial_tags(dict(record, sweep=record.get("sweep") or self._sweep_names.get(parent_run_id, "")))}
+        run_id = self.client.create_run(self.experiment_id, start_time=epoch_ms(record.get("started_at")),
                                         tags=tags, run_name=run_name(record)).info.run_id
-        metrics, steps = _trial_metrics(record)
-        self._log(run_id, metrics, _trial_params(record), {}, steps)
+        metrics, steps = trial_metrics(record)
+        self._log(run_id, metrics, trial_params(record), {}, steps)
         with tempfile.TemporaryDirectory(prefix="steptune-mlflow-") as tmp:
-            _write_trial_artifacts(Path(tmp), record)
+            write_trial_artifacts(Path(tmp), record)
             self.client.log_artifacts(run_id, tmp)
-        self.client.set_terminated(run_id, _RUN_STATUS.get(status, "FAILED"), _ms(record.get("finished_at")))
+        self.client.set_terminated(run_id, _RUN_STATUS.get(status, "FAILED"), epoch_ms(record.get("finished_at")))
         if record.get("kind") == "baseline" and status == "ok":
             self._log(parent_run_id, {}, {}, {"steptune.baseline_run_id": run_id})
         return run_id
@@ -198,7 +193,7 @@ class Tracker:
                 parent_run_id, f"tags.\"steptune.trial\" = {_q(str(record.get('trial')))} "
                                f"and tags.\"steptune.kind\" = {_q(record.get('kind', 'trial'))}")), "")
         tags = {"steptune.best_trial": str(record.get("trial")), "steptune.best_kind": str(record.get("kind")),
-                "steptune.best_run_id": run_id, "steptune.best_meets_target": _flag(record.get("meets_target"))}
+                "steptune.best_run_id": run_id, "steptune.best_meets_target": flag(record.get("meets_target"))}
         self._log(parent_run_id, {}, {}, tags)
 
     def finish_sweep(self, parent_run_id: str, summary: dict[str, Any], study: Any, table_text: str) -> None:
@@ -211,7 +206,7 @@ class Tracker:
             target = None if tag == "none" else float(tag)
         else:
             numeric["target_step_time_s"] = float(target)
-        points = [_point(r) for r in self._children(parent_run_id, "")]
+        points = [plot_point(r) for r in self._children(parent_run_id, "")]
         with tempfile.TemporaryDirectory(prefix="steptune-mlflow-") as tmp:
             out = Path(tmp)
             (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
@@ -221,7 +216,7 @@ class Tracker:
             pictures = sorted(p.name for p in (out / "plots").glob("*.png"))
             name = self._sweep_names.get(parent_run_id) or self.client.get_run(parent_run_id).data.tags.get(
                 "steptune.sweep", "")
-            (out / "summary.md").write_text(_summary_md(name, summary, table_text, pictures, notes))
+            (out / "summary.md").write_text(summary_md(name, summary, table_text, pictures, notes))
             self.client.log_artifacts(parent_run_id, tmp)
         self._log(parent_run_id, numeric, {}, {} if target is None else {"steptune.target_s": repr(float(target))})
         self.client.set_terminated(parent_run_id, "FINISHED")
@@ -294,219 +289,10 @@ def find_trial_run(tracking_uri: str, experiment: str, record: dict[str, Any]) -
     return runs[0].info.run_id if runs else None
 
 
-def _line_key(record: dict[str, Any]) -> tuple[str, str, str]:
-    """What identifies a ledger line's child run: trial, kind and (confirm lines only) the repeat number."""
-    kind = str(record.get("kind", "trial"))
-    return str(record.get("trial")), kind, str(record.get("repeat") or 1) if kind == "confirm" else ""
-
-
-def _run_key(run) -> tuple[str, str, str]:
-    t = run.data.tags
-    kind = t.get("steptune.kind", "trial")
-    # A confirm logged before repeats were tagged was the first (later repeats collided with it).
-    return t.get("steptune.trial", ""), kind, t.get("steptune.repeat", "1") if kind == "confirm" else ""
-
-
-def _progress(record: dict[str, Any], best: float) -> list[tuple[str, int, float]]:
-    """The parent's history points for one baseline/trial line, given the best step time before it."""
-    trial, own = record.get("trial"), (record.get("metrics") or {}).get("step_time_s")
-    if not isinstance(trial, int):
-        return []
-    points = []
-    if record.get("status") == "ok" and isinstance(own, (int, float)):  # usable lines only, as L.best_of
-        points.append((PROGRESS[0], trial, float(own)))
-        best = min(best, float(own))
-    return points + ([(PROGRESS[1], trial, best)] if best < math.inf else [])
-
-
-_NAME = {"parallel.pp": "pp", "parallel.dp": "dp", "batch.micro_batch_size": "mbs", "pipeline.schedule": "",
-         "pipeline.virtual_stages": "v", "recompute.kind": "rc=", "recompute.num_layers": "rcl",
-         "recompute.method": "rcm=", "data_parallel.kind": "", "data_parallel.overlap_grad_reduce": "overlap",
-         "data_parallel.overlap_param_gather": "pgather", "data_parallel.bucket_mb": "bkt",
-         "pipeline.split.first": "first", "pipeline.split.last": "last", "pipeline.split.kind": "split="}
-"""Short run-name labels: ``pp`` + 2 reads "pp2", ``rc=`` + selective reads "rc=sel", "" shows the value only."""
-_ABBREV = {"selective": "sel", "interleaved_1f1b": "i1f1b", "none": "none", "full": "full"}
-
-
-def run_name(record: dict[str, Any]) -> str:
-    """A child run's name from its params, short enough for the UI's run column: "t7 pp2 1f1b mbs4 rc=sel"."""
-    kind, trial = record.get("kind", "trial"), record.get("trial")
-    head = {"baseline": f"t{trial} baseline", "confirm": f"t{trial} confirm{record.get('repeat') or 1}"}.get(
-        kind, f"t{trial}")
-    words = []
-    for key, value in (record.get("params") or {}).items():
-        label = _NAME.get(key, key.rsplit(".", 1)[-1] + "=")
-        if isinstance(value, bool):
-            words.append(label.rstrip("=") if value else f"no-{label.rstrip('=')}")
-        elif isinstance(value, float):
-            words.append(f"{label}{value:.3g}")
-        elif isinstance(value, str):
-            words.append(f"{label}{_ABBREV.get(value, value)}")
-        elif not isinstance(value, (dict, list)):
-            words.append(f"{label}{value}")
-    return " ".join([head, *words])[:200]
-
-
-def _trial_tags(record: dict[str, Any]) -> dict[str, str]:
-    parity = record.get("parity")
-    verdict = "not_checked" if not parity else ("passed" if parity.get("passed") else "failed")
-    backend = str(record.get("backend", "ray"))
-    tags = {
-        "steptune.role": "trial", "steptune.sweep": str(record.get("sweep", "")),
-        "steptune.trial": str(record.get("trial")), "steptune.kind": str(record.get("kind", "trial")),
-        "steptune.status": str(record.get("status", "failed")),
-        "steptune.failure_reason": str(record.get("reason") or "")[:_MAX_TAG],
-        "steptune.optuna_trial": str(record.get("optuna_trial", record.get("trial"))),
-        "steptune.meets_target": _flag(record.get("meets_target")), "steptune.parity": verdict,
-        "steptune.backend": backend,
-        # A cost-model prediction must never be mistaken for a measurement in the UI or a query.
-        "steptune.measurement": "prediction" if backend == "model" else "measured",
-    }
-    if tags["steptune.kind"] == "confirm":
-        tags["steptune.repeat"] = _line_key(record)[2]
-    if parity and not parity.get("passed"):
-        tags["steptune.parity_first_fail"] = (f"step {parity.get('first_fail_step')}: "
-                                              f"{parity.get('first_fail_metric')}")
-    return tags
-
-
-def _trial_params(record: dict[str, Any]) -> dict[str, str]:
-    config = record.get("config") or {}
-    params = _params(flatten(config))
-    for k, v in _params(record.get("params") or {}).items():
-        params.setdefault(k, v)  # a search param outside the config is kept; the config's value wins
-    result = record.get("result") or {}
-    derived = {k: result[k] for k in ("world_size", "n_microbatches") if k in result}
-    try:
-        if config:  # an empty mapping would validate as the default config: derive nothing from it
-            cfg = TrainConfig.from_dict(config)
-            derived = {"world_size": cfg.world_size, "dp": cfg.parallel.dp, "pp": cfg.parallel.pp,
-                       "n_microbatches": cfg.n_microbatches,
-                       "stage_layers": ",".join(str(len(s)) for s in cfg.stage_layers())}
-    except (ValueError, TypeError):  # a planner config (model backend): its own parallel layout
-        par, job = config.get("parallel") or {}, config.get("job") or {}
-        mbs = (config.get("batch") or {}).get("micro_batch_size")
-        if all(isinstance(par.get(k), int) for k in ("tp", "pp", "dp")):
-            derived = {"world_size": par["tp"] * par["pp"] * par["dp"], "tp": par["tp"], "pp": par["pp"],
-                       "dp": par["dp"]}
-            if isinstance(job.get("global_batch"), int) and isinstance(mbs, int):
-                derived["n_microbatches"] = job["global_batch"] // (mbs * par["dp"])
-    params.update(_params({f"derived.{k}": v for k, v in derived.items()}))
-    return params
-
-
-def _trial_metrics(record: dict[str, Any]) -> tuple[dict[str, float], list[tuple[str, int, float]]]:
-    result = record.get("result") or {}
-    out: dict[str, float] = {}
-    out.update(_numbers(result.get("summary") or {}))
-    for phase, mm in (result.get("phases") or {}).items():
-        # Exposed time is what the slowest rank waits: the max over ranks is the headline.
-        out[f"phase.{phase}_s"] = _num(mm.get("max"))
-        out[f"phase.{phase}_min_s"] = _num(mm.get("min"))
-    out.update({f"memory.{k}": _num(v.get("max")) for k, v in (result.get("memory") or {}).items()})
-    for k in ("reduce_start_after_backward_s", "replica_max_abs_diff"):
-        if isinstance(result.get(k), (int, float)):
-            out[k] = _num(result[k])
-    out.update(_numbers(record.get("metrics") or {}))  # the sweep's own numbers win on a name clash
-    out.update({f"parity.{k}": v for k, v in _numbers(record.get("parity") or {}).items()})
-    out.update({f"prediction.{k}": v for k, v in _numbers(record.get("prediction") or {}).items()})
-    for k in ("wall_s", "overhead_s"):
-        if isinstance(record.get(k), (int, float)):
-            out[f"trial.{k}"] = _num(record[k])
-    steps = []
-    for s in result.get("steps") or []:
-        for key, name in (("loss", "step/loss"), ("time_s", "step/time_s"), ("grad_norm", "step/grad_norm")):
-            if isinstance(s.get(key), (int, float)):
-                steps.append((name, int(s["step"]), _num(s[key])))
-    return {k: v for k, v in out.items() if v is not None}, steps
-
-
-def _write_trial_artifacts(out: Path, record: dict[str, Any]) -> None:
-    if record.get("config"):
-        # A model-backend line holds the planner's production-scale plan, not something the trainer runs.
-        name = "plan.yaml" if record.get("backend") == "model" else "trainer_config.yaml"
-        (out / name).write_text(_yaml(record["config"]))
-    (out / "ledger_record.json").write_text(json.dumps(record, indent=1, default=str))
-    result = record.get("result")
-    if not result:
-        return
-    (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
-    if any(r.get("spans") for r in result.get("ranks") or []):
-        try:
-            render_timeline(result, out / "timeline.png")
-        except Exception as exc:  # a picture must never cost the trial its run; say why it is missing
-            (out / "timeline_error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
-    for extra in record.get("artifacts") or []:  # the run.profile_step traces the trial's ranks wrote
-        p = Path(extra)
-        if p.is_file():
-            (out / "traces").mkdir(exist_ok=True)
-            (out / "traces" / p.name).write_bytes(p.read_bytes())
-
-
-def _summary_md(name: str, summary: dict[str, Any], table_text: str, pictures: list[str], notes: list[str]) -> str:
-    """The parent's summary as Markdown (the UI renders .md artifacts): the headline, the table, the pictures."""
-    try:
-        lines = report.summary_text(summary).splitlines()
-    except (KeyError, TypeError, AttributeError):  # a partial summary: its plain values as they are
-        lines = [f"{k}: {v}" for k, v in summary.items() if isinstance(v, (str, int, float)) or v is None]
-    out = [f"# steptune sweep `{name}`", "", f"Stopped because: **{summary.get('stopped_because', '-')}**", ""]
-    out += [("  " if line.startswith("  ") else "") + f"- {line.strip()}" for line in lines if line.strip()]
-    # Fenced: the table's columns are aligned with spaces, and params hold characters Markdown would eat.
-    out += ["", "## Trials", "", "Ranked by step time; every trial is a child run of this one.", "",
-            "```text", table_text.rstrip(), "```", "", "## Pictures", ""]
-    out += [f"- `plots/{p}`" for p in pictures] + [f"- skipped: {n}" for n in notes]
-    out += ["", "The chart view of this run plots `best_step_time_s` and each trial's `step_time_s` "
-                "against the trial number.", ""]
-    return "\n".join(out)
-
-
-def _point(run) -> dict[str, Any]:
-    m, t = run.data.metrics, run.data.tags
-    return {"trial": t.get("steptune.trial"), "kind": t.get("steptune.kind"), "status": t.get("steptune.status"),
-            "parity": t.get("steptune.parity"), "prediction": t.get("steptune.measurement") == "prediction",
-            "step_time_s": m.get("step_time_s"), "peak_memory_bytes": m.get("peak_memory_bytes")}
-
-
-def _numbers(d: dict[str, Any]) -> dict[str, float]:
-    """Numeric leaves of a nested mapping, dotted names; booleans as 0/1, non-finite as NaN."""
-    return {k: _num(v) for k, v in flatten(d).items() if isinstance(v, (int, float))}
-
-
-def _num(v: Any) -> float | None:
-    if v is None:
-        return None
-    v = float(v)
-    return v if math.isfinite(v) else math.nan  # MLflow stores NaN but turns inf into 1.8e308
-
-
-def _params(flat: dict[str, Any]) -> dict[str, str]:
-    return {k[:250]: v if isinstance(v, str) else json.dumps(v, default=str) for k, v in flat.items()}
-
-
-def _flag(v: Any) -> str:
-    return "unknown" if v is None else ("true" if v else "false")
-
-
-def _yaml(d: dict[str, Any]) -> str:
-    return yaml.safe_dump(json.loads(json.dumps(d, default=str)), sort_keys=False)
-
-
 def _q(value: str) -> str:
     if "'" in value:
         raise ValueError(f"{value!r}: a name with a single quote cannot be used in an MLflow search")
     return f"'{value}'"
-
-
-def _ms(t: Any) -> int | None:
-    """started_at/finished_at as epoch milliseconds: epoch seconds, epoch ms or ISO-8601 accepted."""
-    if isinstance(t, (int, float)) and not isinstance(t, bool):
-        return int(t if t > 1e11 else t * 1000)
-    if isinstance(t, str):
-        try:
-            return int(datetime.fromisoformat(t).timestamp() * 1000)
-        except ValueError:
-            return None
-    return None
 
 
 def _sqlite_path(uri: str) -> Path | None:
