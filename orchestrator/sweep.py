@@ -129,6 +129,8 @@ class Sweep:
 
     def recover(self) -> None:
         """Trials a dead driver left RUNNING: told from the ledger if their line made it, else failed + re-queued."""
+        if self.records:  # lines a killed driver wrote to the ledger but never mirrored to MLflow
+            self._track("reconcile", self.records)
         lines = {r["trial"]: r for r in L.measured(self.records)}
         for ft in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if ft.number in lines:
@@ -196,7 +198,7 @@ class Sweep:
                 runner.close()
         summary = report.summarize(self.records, self.cfg.target, self.cfg.confirm.repeats)
         summary.update(stopped_because=self.stop_reason or "the trial budget is spent", startup_s=startup,
-                       mlflow_ui=self.tracker.ui_command() if self.tracker else None,
+                       mlflow_ui=self.tracker.open_hint() if self.tracker else None,
                        group_builds=runner.builds if runner else 0,
                        sweep_wall_s=time.perf_counter() - t0,
                        bookkeeping_median_s=statistics.median(self.bookkeeping) if self.bookkeeping else None)
@@ -475,5 +477,9 @@ def run_sweep(cfg: SweepConfig) -> tuple[dict, list[dict]]:
         sweep = Sweep(cfg)
         # What `report` needs to judge the ledger again (the target, the confirm rule), beside the ledger.
         (cfg.results_dir / "sweep.yaml").write_text(yaml.safe_dump(cfg.raw, sort_keys=False))
-        summary = sweep.run()
+        try:
+            summary = sweep.run()
+        except BaseException as e:  # the MLflow parent must not stay RUNNING: ended FAILED/KILLED with why
+            sweep._track("end_sweep", e)
+            raise
         return summary, sweep.records

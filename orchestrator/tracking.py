@@ -3,9 +3,9 @@
 Everything goes through ``MlflowClient`` with explicit run ids and batched writes, never the global
 active-run stack (``mlflow.start_run``): the parent stays open while children are written, and the
 process-wide "active run" would leak between sweeps, tests and threads. Resume is by tags, not by memory: the parent is the run
-tagged ``steptune.sweep=<name>, steptune.role=parent``; a trial is the child tagged with its trial number
-and kind, so logging the same ledger line twice is a no-op. The ledger stays the source of truth; this
-module only mirrors it for review in the MLflow UI.
+tagged ``steptune.sweep=<name>, steptune.role=parent``; a ledger line is the child tagged with its trial number,
+kind and (confirmations) repeat, so logging a line twice is a no-op and a resume logs only what is missing
+(``reconcile``). The ledger stays the source of truth; this module only mirrors it for review in the UI.
 """
 
 from __future__ import annotations
@@ -15,27 +15,33 @@ import math
 import shlex
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from orchestrator import ledger as L
 from orchestrator import sweep_plots
-from orchestrator.timeline import render_timeline
-from trainer.config import TrainConfig, flatten
+from orchestrator.tracking_lines import (MAX_TAG, PROGRESS, epoch_ms, flag, line_key, params_of,
+                                         plot_point, progress_points, run_key, run_name, summary_md, to_yaml,
+                                         trial_metrics, trial_params, trial_tags, write_trial_artifacts)
+from orchestrator.tracking_store import open_with_recovery
+from trainer.config import flatten
 
 # MLflow's per-request limits (mlflow.utils.validation): 100 params+tags, 1000 entities in all.
 _MAX_PARAMS_TAGS, _MAX_ENTITIES = 100, 1000
 _SHORT_PARAM = 250  # sweep-config values longer than this live only in the YAML artifact
-_MAX_TAG = 5000
 _DONE = {"FINISHED", "FAILED", "KILLED"}
 # Trial status -> MLflow run status: only a finished measurement is FINISHED, so the UI's status
 # column already separates usable trials from the rest.
 _RUN_STATUS = {"ok": "FINISHED", "pruned": "KILLED", "skipped": "KILLED"}
+# The UI's experiment kind (mlflow/server/js: ExperimentKind.CUSTOM_MODEL_DEVELOPMENT): a model-development
+# experiment, shown with runs, charts and params, not as GenAI "evaluation runs" and traces.
+_EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+# MLflow 3.x picks its sidebar's GenAI / "Model training" view from this URL query before any tag.
+UI_VIEW_QUERY = "workflowType=machine_learning"
 
 
 def tracking_uri_for(results_dir: Path) -> str:
@@ -54,8 +60,12 @@ class Tracker:
             # current directory is; keep them next to the database, under results/.
             artifact_root = artifact_root or db.parent / "mlartifacts"
         self.artifact_root = Path(artifact_root).resolve() if artifact_root else None
-        self.client = MlflowClient(tracking_uri=tracking_uri)
-        self.experiment_id = self._experiment(experiment)
+
+        def open_store() -> tuple[MlflowClient, str]:
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+            return self.client, self._experiment(experiment)  # the first call that touches the store
+
+        self.client, self.experiment_id = open_with_recovery(db, open_store)
         self._sweep_names: dict[str, str] = {}  # parent run id -> sweep name, for lines that omit it
 
     def _experiment(self, name: str) -> str:
@@ -63,13 +73,16 @@ class Tracker:
         if exp is None:
             try:
                 return self.client.create_experiment(
-                    name, artifact_location=self.artifact_root.as_uri() if self.artifact_root else None)
+                    name, artifact_location=self.artifact_root.as_uri() if self.artifact_root else None,
+                    tags=dict([_EXPERIMENT_KIND]))
             except MlflowException:  # created concurrently by another process: use theirs
                 exp = self.client.get_experiment_by_name(name)
                 if exp is None:
                     raise
         if exp.lifecycle_stage == "deleted":
             self.client.restore_experiment(exp.experiment_id)
+        if _EXPERIMENT_KIND[0] not in exp.tags:  # a kind the user picked in the UI stays theirs
+            self.client.set_experiment_tag(exp.experiment_id, *_EXPERIMENT_KIND)
         return exp.experiment_id
 
     # ---- sweep (parent run) ------------------------------------------------------------------
@@ -82,6 +95,9 @@ class Tracker:
             run_id = run.info.run_id
             if run.info.status != "RUNNING":
                 self.client.update_run(run_id, status="RUNNING")
+            for stale in ("steptune.stop_reason", "steptune.stopped_by"):  # from the previous, stopped driver
+                if stale in run.data.tags:
+                    self.client.delete_tag(run_id, stale)
             old = run.data.params
         else:
             run_id = self.client.create_run(self.experiment_id, run_name=sweep_name, tags={
@@ -91,59 +107,98 @@ class Tracker:
                                       f"source of truth; this is its mirror for review.",
             }).info.run_id
             old = {}
-        params = {k: v for k, v in _params(flatten(sweep_config)).items() if len(v) <= _SHORT_PARAM}
+        params = {k: v for k, v in params_of(flatten(sweep_config)).items() if len(v) <= _SHORT_PARAM}
         changed = sorted(k for k in params if k in old and old[k] != params[k])
         tags = {"steptune.target_s": "none" if target_s is None else repr(float(target_s))}
         if changed:  # params are immutable in MLflow: say so instead of failing the resumed sweep
-            tags["steptune.config_changed_on_resume"] = ",".join(changed)[:_MAX_TAG]
+            tags["steptune.config_changed_on_resume"] = ",".join(changed)[:MAX_TAG]
         metrics = {} if target_s is None else {"target_step_time_s": float(target_s)}
         self._log(run_id, metrics, {k: v for k, v in params.items() if k not in old}, tags)
-        self.client.log_text(run_id, _yaml(sweep_config), "sweep_config.yaml")
+        self.client.log_text(run_id, to_yaml(sweep_config), "sweep_config.yaml")
         self._sweep_names[run_id] = sweep_name
         return run_id
 
-    def log_trial(self, parent_run_id: str, record: dict[str, Any]) -> str:
-        """One child run for one ledger line; an already-logged (trial, kind) returns the existing run."""
+    def log_trial(self, parent_run_id: str, record: dict[str, Any], progress: bool = True) -> str:
+        """One child run for one ledger line; an already-logged (trial, kind, repeat) returns the existing run.
+
+        A new baseline or trial line also extends the parent's per-trial history (``PROGRESS``), unless
+        ``progress`` is off (``reconcile`` writes that history itself, in ledger order)."""
         trial, kind = record.get("trial"), record.get("kind", "trial")
         for run in self._children(parent_run_id, f"tags.\"steptune.trial\" = {_q(str(trial))} "
                                                  f"and tags.\"steptune.kind\" = {_q(kind)}"):
+            if run_key(run) != line_key(record):
+                continue  # another confirm repeat of the same trial
             if run.info.status in _DONE:
                 return run.info.run_id
             self.client.delete_run(run.info.run_id)  # half-logged before a crash: log it again, whole
+        run_id = self._create_child(parent_run_id, record)
+        if progress and kind in ("baseline", "trial"):
+            best = [m.value for m in self.client.get_metric_history(parent_run_id, PROGRESS[1])]
+            self._log(parent_run_id, {}, {}, {}, progress_points(record, min(best, default=math.inf)))
+        return run_id
+
+    def reconcile(self, parent_run_id: str, records: list[dict[str, Any]]) -> int:
+        """Make the store hold every ledger line once (on resume); returns how many child runs were logged.
+
+        The ledger is written before MLflow, so a driver killed in between leaves lines that Optuna is told
+        about on resume but MLflow never saw. Children are matched by their tags (trial, kind, repeat), the
+        parent's history by step: running it twice logs nothing the second time."""
+        done = {run_key(r) for r in self._children(parent_run_id, "") if r.info.status in _DONE}
+        missing = [r for r in records if line_key(r) not in done]
+        for r in missing:
+            self.log_trial(parent_run_id, r, progress=False)
+        have = {k: {m.step for m in self.client.get_metric_history(parent_run_id, k)} for k in PROGRESS}
+        points, best = [], math.inf
+        for r in L.measured(records):  # ledger order is finishing order: the best as it was when each line landed
+            for name, step, value in progress_points(r, best):
+                best = min(best, value) if name == PROGRESS[1] else best
+                if step not in have[name]:
+                    points.append((name, step, value))
+        if points:
+            self._log(parent_run_id, {}, {}, {}, points)
+        top = L.best_of(records)
+        if top is not None and self.client.get_run(parent_run_id).data.tags.get("steptune.best_trial") != str(
+                top["trial"]):
+            self.log_best(parent_run_id, top)
+        return len(missing)
+
+    def end_sweep(self, parent_run_id: str, error: BaseException) -> None:
+        """A sweep that stopped on an error: the parent is ended FAILED (KILLED for Ctrl-C), the reason tagged."""
+        status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+        reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        self._log(parent_run_id, {}, {}, {"steptune.stop_reason": reason[:MAX_TAG],
+                                          "steptune.stopped_by": type(error).__name__})
+        self.client.set_terminated(parent_run_id, status)
+
+    def _create_child(self, parent_run_id: str, record: dict[str, Any]) -> str:
         status = record.get("status", "failed")
         tags = {"mlflow.parentRunId": parent_run_id,
-                **_trial_tags(dict(record, sweep=record.get("sweep") or self._sweep_names.get(parent_run_id, "")))}
-        name = kind if kind == "baseline" else f"{kind}-{trial}"
-        run_id = self.client.create_run(self.experiment_id, start_time=_ms(record.get("started_at")),
-                                        tags=tags, run_name=name).info.run_id
-        metrics, steps = _trial_metrics(record)
-        self._log(run_id, metrics, _trial_params(record), {}, steps)
+                **trial_tags(dict(record, sweep=record.get("sweep") or self._sweep_names.get(parent_run_id, "")))}
+        run_id = self.client.create_run(self.experiment_id, start_time=epoch_ms(record.get("started_at")),
+                                        tags=tags, run_name=run_name(record)).info.run_id
+        metrics, steps = trial_metrics(record)
+        self._log(run_id, metrics, trial_params(record), {}, steps)
         with tempfile.TemporaryDirectory(prefix="steptune-mlflow-") as tmp:
-            _write_trial_artifacts(Path(tmp), record)
+            write_trial_artifacts(Path(tmp), record)
             self.client.log_artifacts(run_id, tmp)
-        self.client.set_terminated(run_id, _RUN_STATUS.get(status, "FAILED"), _ms(record.get("finished_at")))
-        if kind == "baseline" and status == "ok":
-            base = {f"baseline.{k}": v for k, v in metrics.items() if k in _HEADLINE - {"speedup_vs_baseline"}}
-            self._log(parent_run_id, base, {}, {"steptune.baseline_run_id": run_id})
+        self.client.set_terminated(run_id, _RUN_STATUS.get(status, "FAILED"), epoch_ms(record.get("finished_at")))
+        if record.get("kind") == "baseline" and status == "ok":
+            self._log(parent_run_id, {}, {}, {"steptune.baseline_run_id": run_id})
         return run_id
 
     def log_best(self, parent_run_id: str, record: dict[str, Any]) -> None:
-        """Best-so-far on the parent: metrics with the trial number as step (a history), tags for the latest."""
-        metrics, _ = _trial_metrics(record)
-        step = record.get("trial") if isinstance(record.get("trial"), int) else 0
-        best = {f"best.{k}": v for k, v in metrics.items() if k in _HEADLINE}
-        best["best.trial"] = float(step)
+        """The best line so far, as tags on the parent (its step time is the ``best_step_time_s`` history)."""
         run_id = record.get("mlflow_run_id") or next(
             (r.info.run_id for r in self._children(
                 parent_run_id, f"tags.\"steptune.trial\" = {_q(str(record.get('trial')))} "
                                f"and tags.\"steptune.kind\" = {_q(record.get('kind', 'trial'))}")), "")
         tags = {"steptune.best_trial": str(record.get("trial")), "steptune.best_kind": str(record.get("kind")),
-                "steptune.best_run_id": run_id, "steptune.best_meets_target": _flag(record.get("meets_target"))}
-        self._log(parent_run_id, best, {}, tags, step=step)
+                "steptune.best_run_id": run_id, "steptune.best_meets_target": flag(record.get("meets_target"))}
+        self._log(parent_run_id, {}, {}, tags)
 
     def finish_sweep(self, parent_run_id: str, summary: dict[str, Any], study: Any, table_text: str) -> None:
         """Final pictures, table and summary on the parent, which is then marked FINISHED."""
-        numeric = {f"final.{k}": v for k, v in _numbers(summary).items()}
+        numeric = {}  # the final numbers are in summary.md / summary.json: a metric each would be a chart each
         # A relative target is only known once the baseline is measured: prefer the summary's.
         target = summary.get("target_s")
         if not isinstance(target, (int, float)):
@@ -151,14 +206,17 @@ class Tracker:
             target = None if tag == "none" else float(tag)
         else:
             numeric["target_step_time_s"] = float(target)
-        points = [_point(r) for r in self._children(parent_run_id, "")]
+        points = [plot_point(r) for r in self._children(parent_run_id, "")]
         with tempfile.TemporaryDirectory(prefix="steptune-mlflow-") as tmp:
             out = Path(tmp)
-            (out / "summary_table.txt").write_text(table_text)
             (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
             notes = sweep_plots.write_all(out / "plots", study, points, target)
             if notes:
                 (out / "plots" / "NOTES.txt").write_text("\n".join(notes) + "\n")
+            pictures = sorted(p.name for p in (out / "plots").glob("*.png"))
+            name = self._sweep_names.get(parent_run_id) or self.client.get_run(parent_run_id).data.tags.get(
+                "steptune.sweep", "")
+            (out / "summary.md").write_text(summary_md(name, summary, table_text, pictures, notes))
             self.client.log_artifacts(parent_run_id, tmp)
         self._log(parent_run_id, numeric, {}, {} if target is None else {"steptune.target_s": repr(float(target))})
         self.client.set_terminated(parent_run_id, "FINISHED")
@@ -172,6 +230,18 @@ class Tracker:
         if self.artifact_root is not None:
             cmd += ["--default-artifact-root", self.artifact_root.as_uri()]
         return shlex.join(cmd)
+
+    def view_url(self, base: str = "http://127.0.0.1:5000") -> str:
+        """The experiment's page in the UI's "Model training" view (MLflow 3.x otherwise opens its GenAI view)."""
+        if self.tracking_uri.startswith(("http://", "https://")):
+            base = self.tracking_uri
+        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id}?{UI_VIEW_QUERY}"
+
+    def open_hint(self) -> str:
+        """What the sweep prints: the command that serves the store, then the page to open."""
+        if self.tracking_uri.startswith(("http://", "https://")):
+            return f"open {self.view_url()}"
+        return f"{self.ui_command()}  then open {self.view_url()}"
 
     # ---- plumbing --------------------------------------------------------------------------------
 
@@ -190,9 +260,9 @@ class Tracker:
         return self._search(f"{where} and {extra}" if extra else where)
 
     def _log(self, run_id: str, metrics: dict[str, float], params: dict[str, str], tags: dict[str, str],
-             steps: Iterable[tuple[str, int, float]] = (), step: int = 0) -> None:
+             steps: Iterable[tuple[str, int, float]] = ()) -> None:
         ts = int(time.time() * 1000)
-        ms = [Metric(k, v, ts, step) for k, v in metrics.items()] + [Metric(k, v, ts, s) for k, s, v in steps]
+        ms = [Metric(k, v, ts, 0) for k, v in metrics.items()] + [Metric(k, v, ts, s) for k, s, v in steps]
         pt = [Param(k, v) for k, v in params.items()] + [RunTag(k, v) for k, v in tags.items()]
         # Chunk to MLflow's batch limits; params and tags share one budget.
         while ms or pt:
@@ -200,10 +270,6 @@ class Tracker:
             head_ms, ms = ms[:_MAX_ENTITIES - len(head_pt)], ms[_MAX_ENTITIES - len(head_pt):]
             self.client.log_batch(run_id, metrics=head_ms, params=[p for p in head_pt if isinstance(p, Param)],
                                   tags=[t for t in head_pt if isinstance(t, RunTag)])
-
-
-_HEADLINE = {"step_time_s", "tokens_per_s", "mfu", "hfu", "peak_memory_bytes", "speedup_vs_baseline",
-             "phase.dp_comm_wait_s", "phase.pipeline_idle_s"}
 
 
 def find_trial_run(tracking_uri: str, experiment: str, record: dict[str, Any]) -> str | None:
@@ -223,151 +289,10 @@ def find_trial_run(tracking_uri: str, experiment: str, record: dict[str, Any]) -
     return runs[0].info.run_id if runs else None
 
 
-def _trial_tags(record: dict[str, Any]) -> dict[str, str]:
-    parity = record.get("parity")
-    verdict = "not_checked" if not parity else ("passed" if parity.get("passed") else "failed")
-    backend = str(record.get("backend", "ray"))
-    tags = {
-        "steptune.role": "trial", "steptune.sweep": str(record.get("sweep", "")),
-        "steptune.trial": str(record.get("trial")), "steptune.kind": str(record.get("kind", "trial")),
-        "steptune.status": str(record.get("status", "failed")),
-        "steptune.failure_reason": str(record.get("reason") or "")[:_MAX_TAG],
-        "steptune.optuna_trial": str(record.get("optuna_trial", record.get("trial"))),
-        "steptune.meets_target": _flag(record.get("meets_target")), "steptune.parity": verdict,
-        "steptune.backend": backend,
-        # A cost-model prediction must never be mistaken for a measurement in the UI or a query.
-        "steptune.measurement": "prediction" if backend == "model" else "measured",
-    }
-    if parity and not parity.get("passed"):
-        tags["steptune.parity_first_fail"] = (f"step {parity.get('first_fail_step')}: "
-                                              f"{parity.get('first_fail_metric')}")
-    return tags
-
-
-def _trial_params(record: dict[str, Any]) -> dict[str, str]:
-    config = record.get("config") or {}
-    params = _params(flatten(config))
-    for k, v in _params(record.get("params") or {}).items():
-        params.setdefault(k, v)  # a search param outside the config is kept; the config's value wins
-    result = record.get("result") or {}
-    derived = {k: result[k] for k in ("world_size", "n_microbatches") if k in result}
-    try:
-        if config:  # an empty mapping would validate as the default config: derive nothing from it
-            cfg = TrainConfig.from_dict(config)
-            derived = {"world_size": cfg.world_size, "dp": cfg.parallel.dp, "pp": cfg.parallel.pp,
-                       "n_microbatches": cfg.n_microbatches,
-                       "stage_layers": ",".join(str(len(s)) for s in cfg.stage_layers())}
-    except (ValueError, TypeError):  # a planner config (model backend): its own parallel layout
-        from orchestrator.planner.parse import upgrade_plan_dict
-
-        plan = upgrade_plan_dict(config)
-        par, batch = {**(plan.get("parallel") or {}), "tp": (plan.get("tensor_parallel") or {}).get("size", 1)}, \
-            plan.get("batch") or {}
-        mbs, gbs = batch.get("micro_batch_size"), batch.get("global_batch")
-        if all(isinstance(par.get(k), int) for k in ("tp", "pp", "dp")):
-            derived = {"world_size": par["tp"] * par["pp"] * par["dp"], "tp": par["tp"], "pp": par["pp"],
-                       "dp": par["dp"]}
-            if isinstance(gbs, int) and isinstance(mbs, int):
-                derived["n_microbatches"] = gbs // (mbs * par["dp"])
-    params.update(_params({f"derived.{k}": v for k, v in derived.items()}))
-    return params
-
-
-def _trial_metrics(record: dict[str, Any]) -> tuple[dict[str, float], list[tuple[str, int, float]]]:
-    result = record.get("result") or {}
-    out: dict[str, float] = {}
-    out.update(_numbers(result.get("summary") or {}))
-    for phase, mm in (result.get("phases") or {}).items():
-        # Exposed time is what the slowest rank waits: the max over ranks is the headline.
-        out[f"phase.{phase}_s"] = _num(mm.get("max"))
-        out[f"phase.{phase}_min_s"] = _num(mm.get("min"))
-    out.update({f"memory.{k}": _num(v.get("max")) for k, v in (result.get("memory") or {}).items()})
-    for k in ("reduce_start_after_backward_s", "replica_max_abs_diff"):
-        if isinstance(result.get(k), (int, float)):
-            out[k] = _num(result[k])
-    out.update(_numbers(record.get("metrics") or {}))  # the sweep's own numbers win on a name clash
-    out.update({f"parity.{k}": v for k, v in _numbers(record.get("parity") or {}).items()})
-    out.update({f"prediction.{k}": v for k, v in _numbers(record.get("prediction") or {}).items()})
-    for k in ("wall_s", "overhead_s"):
-        if isinstance(record.get(k), (int, float)):
-            out[f"trial.{k}"] = _num(record[k])
-    steps = []
-    for s in result.get("steps") or []:
-        for key, name in (("loss", "step/loss"), ("time_s", "step/time_s"), ("grad_norm", "step/grad_norm")):
-            if isinstance(s.get(key), (int, float)):
-                steps.append((name, int(s["step"]), _num(s[key])))
-    return {k: v for k, v in out.items() if v is not None}, steps
-
-
-def _write_trial_artifacts(out: Path, record: dict[str, Any]) -> None:
-    if record.get("config"):
-        # A model-backend line holds the planner's production-scale plan, not something the trainer runs.
-        name = "plan.yaml" if record.get("backend") == "model" else "trainer_config.yaml"
-        (out / name).write_text(_yaml(record["config"]))
-    (out / "ledger_record.json").write_text(json.dumps(record, indent=1, default=str))
-    result = record.get("result")
-    if not result:
-        return
-    (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
-    if any(r.get("spans") for r in result.get("ranks") or []):
-        try:
-            render_timeline(result, out / "timeline.png")
-        except Exception as exc:  # a picture must never cost the trial its run; say why it is missing
-            (out / "timeline_error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
-    for extra in record.get("artifacts") or []:  # the run.profile_step traces the trial's ranks wrote
-        p = Path(extra)
-        if p.is_file():
-            (out / "traces").mkdir(exist_ok=True)
-            (out / "traces" / p.name).write_bytes(p.read_bytes())
-
-
-def _point(run) -> dict[str, Any]:
-    m, t = run.data.metrics, run.data.tags
-    return {"trial": t.get("steptune.trial"), "kind": t.get("steptune.kind"), "status": t.get("steptune.status"),
-            "parity": t.get("steptune.parity"), "prediction": t.get("steptune.measurement") == "prediction",
-            "step_time_s": m.get("step_time_s"), "peak_memory_bytes": m.get("peak_memory_bytes")}
-
-
-def _numbers(d: dict[str, Any]) -> dict[str, float]:
-    """Numeric leaves of a nested mapping, dotted names; booleans as 0/1, non-finite as NaN."""
-    return {k: _num(v) for k, v in flatten(d).items() if isinstance(v, (int, float))}
-
-
-def _num(v: Any) -> float | None:
-    if v is None:
-        return None
-    v = float(v)
-    return v if math.isfinite(v) else math.nan  # MLflow stores NaN but turns inf into 1.8e308
-
-
-def _params(flat: dict[str, Any]) -> dict[str, str]:
-    return {k[:250]: v if isinstance(v, str) else json.dumps(v, default=str) for k, v in flat.items()}
-
-
-def _flag(v: Any) -> str:
-    return "unknown" if v is None else ("true" if v else "false")
-
-
-def _yaml(d: dict[str, Any]) -> str:
-    return yaml.safe_dump(json.loads(json.dumps(d, default=str)), sort_keys=False)
-
-
 def _q(value: str) -> str:
     if "'" in value:
         raise ValueError(f"{value!r}: a name with a single quote cannot be used in an MLflow search")
     return f"'{value}'"
-
-
-def _ms(t: Any) -> int | None:
-    """started_at/finished_at as epoch milliseconds: epoch seconds, epoch ms or ISO-8601 accepted."""
-    if isinstance(t, (int, float)) and not isinstance(t, bool):
-        return int(t if t > 1e11 else t * 1000)
-    if isinstance(t, str):
-        try:
-            return int(datetime.fromisoformat(t).timestamp() * 1000)
-        except ValueError:
-            return None
-    return None
 
 
 def _sqlite_path(uri: str) -> Path | None:

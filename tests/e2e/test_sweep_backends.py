@@ -47,7 +47,7 @@ def test_model_backend_runs_the_500b_preset_through_the_same_loop(tmp_path):
     oom = [t for t in study.trials if t.user_attrs["status"] == "oom"]
     assert all(t.state == optuna.trial.TrialState.COMPLETE and t.constraints["memory"] > 0 for t in oom)
     over = [r for r in lines if r["status"] == "infeasible"]  # resources.memory_budget_gb=120 below
-    assert over and all("peak memory" in r["reason"] for r in over)
+    assert over and all("memory: peak" in r["reason"] for r in over)
     assert all(study.trials[r["trial"]].constraints["memory"] > 0 for r in over)
     from mlflow.tracking import MlflowClient
 

@@ -1,0 +1,154 @@
+"""The MLflow UI on a real sweep's store, seen in a real headless Chromium (driven over the DevTools protocol).
+
+Skips where no Chromium is installed (``apt-get install chromium``); the same facts are asserted over REST in
+test_tracking_resume.py and test_tracking_server.py, which always run. Set STEPTUNE_SCREENSHOTS=<dir> to keep
+the pictures (docs/img/ was made this way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from orchestrator.tracking import Tracker, tracking_uri_for
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_tracking_resume import _ledger  # noqa: E402  (a baseline, trials, a failed one, two confirms)
+from test_tracking_server import _free_port  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+aiohttp = pytest.importorskip("aiohttp")  # the DevTools websocket client (a dependency of ray[default])
+
+
+class Page:
+    """One Chromium tab over the DevTools protocol: navigate, read the text, take a screenshot."""
+
+    def __init__(self, ws) -> None:
+        self.ws, self.n = ws, 0
+
+    async def call(self, method: str, **params):
+        self.n += 1
+        await self.ws.send_json({"id": self.n, "method": method, "params": params})
+        while True:
+            msg = await self.ws.receive_json(timeout=60)
+            if msg.get("id") == self.n:
+                assert "error" not in msg, msg
+                return msg["result"]
+
+    async def text(self) -> str:
+        r = await self.call("Runtime.evaluate", expression="document.body ? document.body.innerText : ''",
+                            returnByValue=True)
+        return r["result"].get("value") or ""
+
+    async def wait_for(self, *needles: str, timeout: float = 90) -> str:
+        deadline = time.time() + timeout
+        while True:
+            text = await self.text()
+            if all(n in text for n in needles) or time.time() > deadline:
+                return text
+            await asyncio.sleep(0.5)
+
+    async def screenshot(self, path: Path) -> None:
+        path.write_bytes(base64.b64decode((await self.call("Page.captureScreenshot", format="png"))["data"]))
+
+
+async def _browse(script) -> None:
+    profile = tempfile.mkdtemp(prefix="steptune-chromium-")
+    # --lang=en-US: without it the UI fails with "Invalid language tag: en-US@posix" under a POSIX locale.
+    proc = subprocess.Popen([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--lang=en-US",
+                             "--window-size=1400,900", "--remote-debugging-port=0", f"--user-data-dir={profile}",
+                             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        port_file = Path(profile) / "DevToolsActivePort"
+        deadline = time.time() + 60
+        while not (port_file.is_file() and port_file.read_text().strip()):
+            assert proc.poll() is None and time.time() < deadline, "chromium did not start"
+            await asyncio.sleep(0.2)
+        port = port_file.read_text().split()[0]
+        targets = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10))
+        url = next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page")
+        async with aiohttp.ClientSession() as session, session.ws_connect(url, max_msg_size=0) as ws:
+            page = Page(ws)
+            await page.call("Page.enable")
+            await script(page)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def ui(tmp_path):
+    results = tmp_path / "results"
+    tracker = Tracker(tracking_uri_for(results), "steptune")
+    parent = tracker.start_sweep("browsed", {"search": {"n_trials": 5}}, 0.06)
+    for line in _ledger("browsed"):
+        tracker.log_trial(parent, line)
+    tracker.log_best(parent, _ledger("browsed")[4])
+    tracker.finish_sweep(parent, {"n_trials": 5, "stopped_because": "trial 4 met the target"}, None, "table")
+    cmd = shlex.split(tracker.ui_command())
+    cmd[0] = str(Path(sys.executable).with_name("mlflow"))
+    port = _free_port()
+    proc = subprocess.Popen(cmd + ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(base + "/health", timeout=1).read()
+                break
+            except OSError:
+                assert proc.poll() is None and time.time() < deadline, "mlflow ui did not start"
+                time.sleep(0.25)
+        yield base, tracker, parent
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group: it and its workers
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine (apt-get install chromium)")
+@pytest.mark.timeout(600)
+def test_the_printed_link_opens_model_training_with_the_sweep_curve(ui, tmp_path):
+    base, tracker, parent = ui
+    shots = Path(os.environ.get("STEPTUNE_SCREENSHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    seen: dict[str, str] = {}
+
+    async def script(page: Page) -> None:
+        url = tracker.view_url(base)
+        assert "workflowType=machine_learning" in url
+        await page.call("Page.navigate", url=url)
+        seen["experiment"] = await page.wait_for("Model training", "browsed", "Run Name")
+        await page.screenshot(shots / "mlflow_experiment.png")
+        await page.call("Page.navigate", url=f"{base}/#/experiments/{tracker.experiment_id}/runs/{parent}"
+                                             f"/model-metrics?workflowType=machine_learning")
+        seen["charts"] = await page.wait_for("best_step_time_s", "step_time_s")
+        await page.screenshot(shots / "mlflow_parent_charts.png")
+
+    asyncio.run(_browse(script))
+    # "Model training" lists runs (a run table with the sweep's parent), not GenAI's "Evaluation runs" / traces.
+    assert "Run Name" in seen["experiment"] and "browsed" in seen["experiment"], seen["experiment"][:2000]
+    assert "Evaluation runs" not in seen["experiment"]
+    assert "best_step_time_s" in seen["charts"], seen["charts"][:2000]
+    for name in ("mlflow_experiment.png", "mlflow_parent_charts.png"):
+        assert (shots / name).stat().st_size > 10_000
