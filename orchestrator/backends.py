@@ -25,7 +25,8 @@ from orchestrator.space import Space, params_for, suggest
 @dataclass
 class RunOutcome:
     status: str
-    """ok | failed | oom | timeout | nan (the sweep adds pruned and skipped)"""
+    """ok | failed | oom | timeout | nan (the sweep adds pruned and skipped) | lost: a node or an actor was lost
+    (the infrastructure's doing, not the config's): the sweep re-queues the trial and records no verdict."""
     reason: str | None
     result: Any = None
     """trainer.result.Result of a measured run."""
@@ -35,6 +36,8 @@ class RunOutcome:
     """Seconds of training updates inside wall_s (what is not overhead)."""
     traces: dict[str, bytes] | None = None
     """File name -> gzipped torch.profiler trace, per rank, when the config set run.profile_step."""
+    placement: list[dict] | None = None
+    """Per rank (rank order): host, ip, Ray node_id, gpu_ids, pid (ray backend); written to the ledger line."""
 
     def save_traces(self, directory: Path) -> list[str]:
         """Write the traces under ``directory``, point the result's ranks at them; the paths written."""
@@ -232,10 +235,12 @@ class RayRunner:
         A group that cannot be rebuilt twice in a row is an infrastructure problem, not the config's: it raises
         (GroupStartError) instead of being recorded against the trial, which would teach the sampler nonsense.
         """
-        from orchestrator.workers import GroupStartError
+        from orchestrator.workers import ClusterTooSmall, GroupStartError
 
         try:
             self.groups[slot].submit(cfg.to_dict(), self.timeout_s)
+        except ClusterTooSmall:
+            raise  # the alive nodes cannot hold the group: another try cannot help
         except GroupStartError as e:
             self.log(f"warning: rebuilding worker group {slot} failed ({e}); trying once more")
             self.groups[slot].submit(cfg.to_dict(), self.timeout_s)
@@ -269,7 +274,13 @@ def _runtime_env(cfg: Any) -> dict | None:
 
 
 def _outcome(cfg: Any, run: Any) -> RunOutcome:
-    """Classify what came back: a Result, or the status and reason of the failure."""
+    """Classify what came back: a Result, or the status and reason of the failure; where the ranks ran."""
+    outcome = _classify(cfg, run)
+    outcome.placement = run.placement
+    return outcome
+
+
+def _classify(cfg: Any, run: Any) -> RunOutcome:
     from trainer.run import NonFiniteLoss, finalize
 
     if run.kind == "ok":
@@ -285,6 +296,11 @@ def _outcome(cfg: Any, run: Any) -> RunOutcome:
     cause = getattr(run.error, "cause", None) or run.error
     notes = " ".join(getattr(run.error, "__notes__", []))
     text = f"{type(cause).__name__}: {_last_line(cause)}" + (f" ({notes})" if notes else "")
+    if run.kind == "lost_node":  # the notes name the node(s): "node <id> (<host>, <ip>) lost; rank r"
+        return RunOutcome("lost", notes, wall_s=run.wall_s)
+    if run.kind == "lost_actor":
+        return RunOutcome("lost", f"actor lost: a rank's actor was killed from outside (ray.kill) ({notes})",
+                          wall_s=run.wall_s)
     if isinstance(cause, NonFiniteLoss):
         return RunOutcome("nan", text, wall_s=run.wall_s)
     if isinstance(cause, MemoryError) or "out of memory" in str(cause).lower() or "OutOfMemory" in type(cause).__name__:

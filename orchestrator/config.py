@@ -95,6 +95,20 @@ class StorageConfig:
     """Any SQLAlchemy URL Optuna's RDBStorage takes; null: sqlite:///<results_dir>/optuna.db."""
     mlflow_uri: Optional[str] = None
     """null: sqlite:///<results_dir>/mlflow.db."""
+    heartbeat_interval_s: int = 5
+    """The driver records its heartbeat (and its running trials') in the Optuna study this often."""
+    grace_period_s: int = 60
+    """A study whose driver's heartbeat is older than this is taken over (its driver is dead); until then,
+    a second driver of the same study is refused, whatever its results_dir."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.heartbeat_interval_s, int) and self.heartbeat_interval_s > 0):
+            raise ValueError(f"storage.heartbeat_interval_s={self.heartbeat_interval_s!r}: a positive whole "
+                             f"number of seconds (Optuna's heartbeat takes whole seconds)")
+        if not (isinstance(self.grace_period_s, int) and self.grace_period_s >= 2 * self.heartbeat_interval_s):
+            raise ValueError(f"storage.grace_period_s={self.grace_period_s!r}: a whole number of seconds, at least "
+                             f"2 x storage.heartbeat_interval_s ({2 * self.heartbeat_interval_s}), so one late "
+                             f"heartbeat does not hand a live driver's study to another")
 
 
 @dataclass(frozen=True)
