@@ -80,12 +80,17 @@ class ResourcesConfig:
 @dataclass(frozen=True)
 class RayConfig:
     address: Optional[str] = None
-    """null: embedded local Ray; "auto" or "ray://host:10001" or "host:6379": an existing cluster."""
+    """null: embedded local Ray; "auto" or "host:6379" (the head's GCS address): an existing cluster."""
     dashboard: bool = False
     temp_dir: Optional[str] = None
     """Embedded Ray's session directory (default: <system temp>/steptune-ray)."""
     runtime_env: Optional[dict] = None
     """Ray runtime_env for the worker actors (default on an existing cluster: this repository as working_dir)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.address, str) and self.address.startswith("ray://"):
+            raise ValueError(f"ray.address={self.address}: Ray Client addresses (ray://) need the ray[client] extra, "
+                             f"which steptune does not install; give the head's GCS address (host:6379) or auto")
 
 
 @dataclass(frozen=True)

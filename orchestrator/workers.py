@@ -64,8 +64,12 @@ def connect(address: str | None, runtime_env: dict | None, *, num_cpus: int, tem
     if ray.is_initialized():
         return "this process's Ray"
     if address is None:
-        return "embedded Ray at " + start_local_ray(max(num_cpus, os.cpu_count() or 1), temp_dir=temp_dir,
-                                                      dashboard=dashboard)
+        where = "embedded Ray at " + start_local_ray(max(num_cpus, os.cpu_count() or 1), temp_dir=temp_dir,
+                                                       dashboard=dashboard)
+        if os.environ.get("RAY_AUTH_MODE", "token") == "token" and "RAY_AUTH_TOKEN_PATH" in os.environ:
+            where += f" (others join with ray.address= and RAY_AUTH_TOKEN_PATH={os.environ['RAY_AUTH_TOKEN_PATH']})"
+        return where
+    use_token_auth()
     host, sep, port = address.rpartition(":")
     if sep and port.isdigit() and "://" not in address:
         # Ray retries an unreachable GCS for many minutes; a plain TCP connect says it in seconds.
@@ -79,6 +83,26 @@ def connect(address: str | None, runtime_env: dict | None, *, num_cpus: int, tem
     except Exception as e:  # unreachable, refused, wrong token: say so in one line, before any trial
         raise GroupStartError(f"ray.address={address}: could not join the cluster: {type(e).__name__}: {e}") from None
     return f"Ray cluster at {address}"
+
+
+def use_token_auth() -> None:
+    """Joining a cluster at an explicit address with a token given: send it.
+
+    Ray (2.60) turns token mode on by itself only for a cluster it starts or finds with address=auto; for an
+    explicit address a token in RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH is ignored unless RAY_AUTH_MODE=token,
+    and the join fails after ~20 s of retries. A token the user gave means token mode; an explicit
+    RAY_AUTH_MODE is left alone.
+    """
+    if "RAY_AUTH_MODE" not in os.environ and {"RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & set(os.environ):
+        os.environ["RAY_AUTH_MODE"] = "token"
+        # Ray read its config when it was imported; re-read it, as Ray itself does when it turns token mode on.
+        # (Private API: should it go, setting RAY_AUTH_MODE=token before starting still works; docs say so.)
+        try:
+            from ray._raylet import Config
+
+            Config.initialize("")
+        except (ImportError, AttributeError):
+            pass
 
 
 @ray.remote
