@@ -296,8 +296,9 @@ def _classify(cfg: Any, run: Any) -> RunOutcome:
     cause = getattr(run.error, "cause", None) or run.error
     notes = " ".join(getattr(run.error, "__notes__", []))
     text = f"{type(cause).__name__}: {_last_line(cause)}" + (f" ({notes})" if notes else "")
-    if run.kind == "lost_node":  # the notes name the node(s): "node <id> (<host>, <ip>) lost; rank r"
-        return RunOutcome("lost", notes, wall_s=run.wall_s)
+    if run.kind == "lost_node":  # the notes: "node <id> (<host>, <ip>) lost", then "rank <r>"
+        lost, *rest = getattr(run.error, "__notes__", ["a node lost"])
+        return RunOutcome("lost", lost + (f" (with {' '.join(rest)})" if rest else ""), wall_s=run.wall_s)
     if run.kind == "lost_actor":
         return RunOutcome("lost", f"actor lost: a rank's actor was killed from outside (ray.kill) ({notes})",
                           wall_s=run.wall_s)

@@ -64,6 +64,8 @@ class DriverRecord:
 
 def heartbeat_storage(url: str, interval_s: int, grace_s: int) -> RDBStorage:
     """Optuna's RDB storage with its trial heartbeat on; a trial failed as stale is queued again."""
+    # Optuna warns on every ask() that its heartbeat is meant for optimize(); here this module beats for it.
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return RDBStorage(url, heartbeat_interval=interval_s, grace_period=grace_s,

@@ -134,27 +134,34 @@ NODE_LOSS_SCRIPT = textwrap.dedent("""
     from orchestrator.config import load_sweep
     from orchestrator.sweep import run_sweep
     from orchestrator.workers import GroupStartError
-    from tests.e2e.test_sweep import rank_pids
 
     path, results = sys.argv[1], {}
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
     ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
 
-    def remove_mid_trial(node):
-        # Once a rank is inside run() on the worker node (its pid is one of that node's workers), remove the node.
-        while not any(rank_pids(b"ray::RankWorker.run")):
-            time.sleep(0.05)
-        time.sleep(0.5)
+    def remove_mid_trial(node, cfg):
+        # Once the first trial (the baseline) is RUNNING in the study, its group is placed and its run starts
+        # within milliseconds; the run lasts seconds (run.steps), so the removal lands inside it.
+        import optuna
+        while True:
+            try:
+                study = optuna.load_study(study_name=cfg.name, storage=cfg.optuna_url)
+                if any(t.state.name == "RUNNING" for t in study.trials):
+                    break
+            except Exception:  # not created yet (KeyError), or created right now by the driver
+                pass
+            time.sleep(0.1)
+        time.sleep(1.0)
         cluster.remove_node(node)
 
-    for name, cpus, overrides in (("requeue", 1, ["resources.cpus_per_rank=1"]),
-                                  ("too_small", 2, ["resources.cpus_per_rank=1.5"])):
+    for name, cpus, overrides in (("requeue", 1, ["resources.cpus_per_rank=1", "search.n_trials=1"]),
+                                  ("too_small", 2, ["resources.cpus_per_rank=1.5", "search.n_trials=2"])):
         node = cluster.add_node(num_cpus=cpus)
         cluster.wait_for_nodes()
-        cfg = load_sweep(path, [f"name={name}", "resources.placement=SPREAD", "search.n_trials=2",
-                                "trainer.run.steps=400", *overrides])
+        cfg = load_sweep(path, [f"name={name}", "resources.placement=SPREAD",
+                                "trainer.run.steps=600", "resources.trial_timeout_s=300", *overrides])
         said = []
-        threading.Thread(target=remove_mid_trial, args=(node,), daemon=True).start()
+        threading.Thread(target=remove_mid_trial, args=(node, cfg), daemon=True).start()
         t0 = time.time()
         try:
             summary, lines = run_sweep(cfg, out=said.append)
