@@ -13,7 +13,8 @@ RUNNING trial for a dead driver's (FAIL it, queue a second baseline). So the stu
   :func:`requeue_stale`.
 - A new driver is refused while the newest record is live (not released, heartbeat within
   ``grace_period_s``), with a message naming the holder; a stale record (its driver was killed) is taken
-  over with a note. A record written by this same process is taken over at once.
+  over with a note. A record of this same process, or of a process of this host that no longer exists
+  (a killed driver resumed on its own machine), is taken over at once.
 - Two drivers claiming the same generation at once: Optuna's attr write is an upsert, so each writes, waits
   ``SETTLE_S`` and reads its generation back; only the one whose token is there goes on.
 """
@@ -112,13 +113,16 @@ class StudyLock:
         note = None
         if holder is not None and not holder.released:
             age = (self._now() - datetime.fromisoformat(holder.heartbeat_at)).total_seconds()
-            mine = holder.host == socket.gethostname() and holder.pid == os.getpid()
-            if age <= self.grace_s and not mine:
+            here = holder.host == socket.gethostname()
+            mine = here and holder.pid == os.getpid()
+            gone = here and not _alive(holder.pid)  # on this host a dead driver is known at once
+            if age <= self.grace_s and not (mine or gone):
                 raise StudyBusy(self._busy(holder, age))
             if not mine:
+                why = "its process is gone" if gone else \
+                    f"last heartbeat {age:.0f} s ago > storage.grace_period_s={self.grace_s}"
                 note = (f"note: took over study {self.study_name!r} from a driver that stopped ({holder.describe()}; "
-                        f"last heartbeat {age:.0f} s ago > storage.grace_period_s={self.grace_s}); its running "
-                        f"trials are queued again" + ("" if holder.results_dir == self.results_dir else
+                        f"{why}); its running trials are queued again" + ("" if holder.results_dir == self.results_dir else
                                                       f"; its ledger stays in {holder.results_dir}"))
         self.key = f"{KEY}{gen + 1:06d}"
         self.record = DriverRecord(host=socket.gethostname(), pid=os.getpid(),
@@ -170,6 +174,16 @@ class StudyLock:
         if self.record is not None and not self.lost.is_set() and self._newest()[0] == int(self.key[len(KEY):]):
             self.record.released = True
             self._write()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
 
 
 def open_locked(url: str, study_name: str, results_dir: Any, interval_s: int, grace_s: int,

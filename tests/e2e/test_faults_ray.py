@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -41,10 +42,10 @@ def _wait_for(what, timeout_s: float, every_s: float = 0.2):
 
 
 @pytest.mark.timeout(300)
-def test_a_second_driver_of_the_study_is_refused_until_the_first_is_dead_past_the_grace_period(
-        ray_address, sweep_file, tmp_path):
-    """Outcome: refused with the first driver's pid, its running trial untouched, no second baseline; after a
-    SIGKILL of the first, taken over only once its heartbeat is older than storage.grace_period_s."""
+def test_a_second_driver_of_the_study_is_refused_until_the_first_is_dead(ray_address, sweep_file, tmp_path):
+    """Outcome: refused with the first driver's pid and results dir, its running trial untouched, no second
+    baseline. A hung first driver (SIGSTOP: alive, no heartbeat) is taken over only once its heartbeat is older
+    than storage.grace_period_s; a killed one (SIGKILL) on the same host at once."""
     shared = f"sqlite:///{tmp_path / 'shared-optuna.db'}"
     common = [f"storage.optuna_url={shared}", "storage.heartbeat_interval_s=1", "storage.grace_period_s=6",
               "trainer.run.steps=4000", "resources.trial_timeout_s=600", "search.n_trials=3"]
@@ -53,6 +54,14 @@ def test_a_second_driver_of_the_study_is_refused_until_the_first_is_dead_past_th
     log = open(tmp_path / "first.log", "w")
     first = subprocess.Popen([sys.executable, "-m", "orchestrator", "sweep", "--config", str(first_file),
                               f"ray.address={ray_address}", *common], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    said: list[str] = []
+
+    def take_over():
+        try:
+            return Sweep(second_cfg, out=said.append)
+        except SweepError as e:
+            assert f"pid {first.pid}" in str(e)
+            return None
     try:
         def running():
             try:
@@ -68,28 +77,44 @@ def test_a_second_driver_of_the_study_is_refused_until_the_first_is_dead_past_th
         trials = optuna.load_study(study_name="t", storage=shared).trials
         assert [(t.number, t.state) for t in trials] == [(busy[0].number, TrialState.RUNNING)]  # untouched
         assert not Ledger(second_cfg.results_dir / "trials.jsonl").read()
+        first.send_signal(signal.SIGSTOP)  # hung: its process is there, its heartbeat is not
+        stopped = time.time()
+        sweep = _wait_for(take_over, 60, every_s=0.5)
+        # Its last heartbeat was at most heartbeat_interval_s before the stop; the database clock has 1 s steps.
+        assert time.time() - stopped >= 6 - 1 - 1
+        assert any(f"took over study 't' from a driver that stopped (pid {first.pid}" in s and "last heartbeat" in s
+                   for s in said), said
+        sweep.recover()
+        sweep.lock.release()
     finally:
         first.kill()
         first.wait()
-    killed = time.time()
-    said: list[str] = []
-
-    def take_over():
-        try:
-            return Sweep(second_cfg, out=said.append)
-        except SweepError as e:
-            assert f"pid {first.pid}" in str(e)
-            return None
-    sweep = _wait_for(take_over, 60, every_s=0.5)
-    # The first's last heartbeat was at most heartbeat_interval_s before the kill; the database clock has 1 s steps.
-    assert time.time() - killed >= 6 - 1 - 1
-    assert any(f"took over study 't' from a driver that stopped (pid {first.pid}" in s for s in said), said
-    sweep.recover()
-    sweep.lock.release()
     trials = optuna.load_study(study_name="t", storage=shared).trials
-    assert trials[0].state == TrialState.FAIL  # the dead driver's trial: queued again, once
+    assert trials[0].state == TrialState.FAIL  # the stopped driver's trial: queued again, once
     waiting = [t for t in trials if t.state == TrialState.WAITING]
     assert [(t.user_attrs["kind"], t.user_attrs["requeued_from"]) for t in waiting] == [("baseline", 0)]
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_driver_on_this_host_is_taken_over_at_once(sweep_file, tmp_path):
+    """Outcome: its process is gone, so its study is free before the grace period (a resume right after a kill)."""
+    cfg = load_sweep(sweep_file(), ["storage.grace_period_s=600"])
+    code = ("import sys, time; from orchestrator.config import load_sweep; from orchestrator.sweep import Sweep; "
+            f"Sweep(load_sweep({str(cfg.source)!r}, ['storage.grace_period_s=600'])); print('held', flush=True); "
+            "time.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(SweepError, match=f"pid {holder.pid} on "):
+            Sweep(cfg, out=lambda s: None)
+    finally:
+        holder.kill()
+        holder.wait()
+    said: list[str] = []
+    sweep = Sweep(cfg, out=said.append)
+    sweep.lock.release()
+    assert any(f"(pid {holder.pid}" in s and "its process is gone" in s for s in said), said
 
 
 @pytest.mark.timeout(180)
