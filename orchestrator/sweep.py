@@ -224,16 +224,16 @@ class Sweep:
     def _lost(self, job: Job, outcome: Any) -> None:
         """A node or a rank's actor was lost mid-run: nothing was measured and the config is not to blame, so
         the trial is queued again (FAIL in Optuna, as for a dead driver's trial; no ledger line, no constraint)."""
-        self.lost_in_a_row += 1
-        if self.lost_in_a_row > MAX_LOST_IN_A_ROW:
-            raise SweepError(f"{self.lost_in_a_row} runs in a row were lost to the cluster (last: {outcome.reason}); "
-                             f"check the cluster's nodes, then rerun to resume")
         if job.trial is not None:
             self._requeue(job.number, job.trial.params, job.trial.user_attrs)
             job.told = True
-        else:  # a confirm run: run it again
+        else:  # a confirm run: run it again (a resume finds it from the ledger too)
             self.queue.append(self._confirm_job(job.number, job.params, job.config))
         self.say(f"trial {job.number} ({job.kind}): {outcome.reason}; queued again, not held against its config")
+        self.lost_in_a_row += 1
+        if self.lost_in_a_row > MAX_LOST_IN_A_ROW:
+            raise SweepError(f"{self.lost_in_a_row} runs in a row were lost to the cluster (last: {outcome.reason}); "
+                             f"check the cluster's nodes, then rerun the same command to resume")
 
     def _next_job(self, active: dict[int, Job], elapsed: float) -> Job | None:
         if self.lock.lost.is_set():
