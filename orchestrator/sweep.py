@@ -229,6 +229,7 @@ class Sweep:
             job.told = True
         else:  # a confirm run: run it again (a resume finds it from the ledger too)
             self.queue.append(self._confirm_job(job.number, job.params, job.config))
+        self.progress.running.pop(job.number, None)
         self.say(f"trial {job.number} ({job.kind}): {outcome.reason}; queued again, not held against its config")
         self.lost_in_a_row += 1
         if self.lost_in_a_row > MAX_LOST_IN_A_ROW:
