@@ -260,3 +260,11 @@ def test_a_ray_client_address_is_refused_at_load(sweep_file):
     """Outcome: ray://... names the field and the missing ray[client] extra, before anything is launched."""
     with pytest.raises(ValueError, match=r"ray.address=ray://head:10001: .*ray\[client\]"):
         load_sweep(sweep_file(), ["ray.address=ray://head:10001"])
+
+
+@pytest.mark.parametrize("override, field", [("storage.heartbeat_interval_s=0", "storage.heartbeat_interval_s"),
+                                             ("storage.grace_period_s=3", "storage.grace_period_s")])
+def test_heartbeat_settings_are_checked_at_load(sweep_file, override, field):
+    """Outcome: a heartbeat that could hand a live driver's study to another is refused, naming the field."""
+    with pytest.raises(ValueError, match=field):
+        load_sweep(sweep_file(), [override, "storage.heartbeat_interval_s=2"] if "grace" in field else [override])
