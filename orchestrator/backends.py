@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class RunOutcome:
     status: str
-    """ok | failed | oom | timeout | nan (the sweep adds pruned and skipped)"""
+    """ok | failed | oom | timeout | nan (the sweep adds pruned and skipped) | lost: a node or an actor was lost
+    (the infrastructure's doing, not the config's): the sweep re-queues the trial and records no verdict."""
     reason: str | None
     result: Any = None
     """trainer.result.Result of a measured run."""
@@ -38,6 +39,8 @@ class RunOutcome:
     """Seconds of training updates inside wall_s (what is not overhead)."""
     traces: dict[str, bytes] | None = None
     """File name -> gzipped torch.profiler trace, per rank, when the config set run.profile_step."""
+    placement: list[dict] | None = None
+    """Per rank (rank order): host, ip, Ray node_id, gpu_ids, pid (ray backend); written to the ledger line."""
 
     def save_traces(self, directory: Path) -> list[str]:
         """Write the traces under ``directory``, point the result's ranks at them; the paths written."""
@@ -234,10 +237,12 @@ class RayRunner:
         A group that cannot be rebuilt twice in a row is an infrastructure problem, not the config's: it raises
         (GroupStartError) instead of being recorded against the trial, which would teach the sampler nonsense.
         """
-        from orchestrator.workers import GroupStartError
+        from orchestrator.workers import ClusterTooSmall, GroupStartError
 
         try:
             self.groups[slot].submit(cfg.to_dict(), self.timeout_s)
+        except ClusterTooSmall:
+            raise  # the alive nodes cannot hold the group: another try cannot help
         except GroupStartError as e:
             log.warning(f"rebuilding worker group {slot} failed ({e}); trying once more")
             self.groups[slot].submit(cfg.to_dict(), self.timeout_s)
@@ -291,7 +296,13 @@ def _runtime_env(cfg: Any) -> dict | None:
 
 
 def _outcome(cfg: Any, run: Any) -> RunOutcome:
-    """Classify what came back: a Result, or the status and reason of the failure."""
+    """Classify what came back: a Result, or the status and reason of the failure; where the ranks ran."""
+    outcome = _classify(cfg, run)
+    outcome.placement = run.placement
+    return outcome
+
+
+def _classify(cfg: Any, run: Any) -> RunOutcome:
     from trainer.run import NonFiniteLoss, finalize
 
     if run.kind == "ok":
@@ -307,6 +318,12 @@ def _outcome(cfg: Any, run: Any) -> RunOutcome:
     cause = getattr(run.error, "cause", None) or run.error
     notes = " ".join(getattr(run.error, "__notes__", []))
     text = f"{type(cause).__name__}: {_last_line(cause)}" + (f" ({notes})" if notes else "")
+    if run.kind == "lost_node":  # the notes: "node <id> (<host>, <ip>) lost", then "rank <r>"
+        lost, *rest = getattr(run.error, "__notes__", ["a node lost"])
+        return RunOutcome("lost", lost + (f" (with {' '.join(rest)})" if rest else ""), wall_s=run.wall_s)
+    if run.kind == "lost_actor":
+        return RunOutcome("lost", f"actor lost: a rank's actor was killed from outside (ray.kill) ({notes})",
+                          wall_s=run.wall_s)
     if isinstance(cause, NonFiniteLoss):
         return RunOutcome("nan", text, wall_s=run.wall_s)
     if isinstance(cause, MemoryError) or "out of memory" in str(cause).lower() or "OutOfMemory" in type(cause).__name__:

@@ -90,13 +90,18 @@ class ResourcesConfig:
 @dataclass(frozen=True)
 class RayConfig:
     address: Optional[str] = None
-    """null: embedded local Ray; "auto" or "ray://host:10001" or "host:6379": an existing cluster."""
+    """null: embedded local Ray; "auto" or "host:6379" (the head's GCS address): an existing cluster."""
     dashboard: bool = False
     """Start the embedded Ray's dashboard."""
     temp_dir: Optional[str] = None
     """Embedded Ray's session directory (default: <system temp>/steptune-ray)."""
     runtime_env: Optional[dict] = None
     """Ray runtime_env for the worker actors (default on an existing cluster: this repository as working_dir)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.address, str) and self.address.startswith("ray://"):
+            raise ValueError(f"ray.address={self.address}: Ray Client addresses (ray://) need the ray[client] extra, "
+                             f"which steptune does not install; give the head's GCS address (host:6379) or auto")
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,20 @@ class StorageConfig:
     """Any SQLAlchemy URL Optuna's RDBStorage takes; null: sqlite:///<results_dir>/optuna.db."""
     mlflow_uri: Optional[str] = None
     """null: sqlite:///<results_dir>/mlflow.db."""
+    heartbeat_interval_s: int = 5
+    """The driver records its heartbeat (and its running trials') in the Optuna study this often."""
+    grace_period_s: int = 60
+    """A study whose driver's heartbeat is older than this is taken over (its driver is dead); until then,
+    a second driver of the same study is refused, whatever its results_dir."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.heartbeat_interval_s, int) and self.heartbeat_interval_s > 0):
+            raise ValueError(f"storage.heartbeat_interval_s={self.heartbeat_interval_s!r}: a positive whole "
+                             f"number of seconds (Optuna's heartbeat takes whole seconds)")
+        if not (isinstance(self.grace_period_s, int) and self.grace_period_s >= 2 * self.heartbeat_interval_s):
+            raise ValueError(f"storage.grace_period_s={self.grace_period_s!r}: a whole number of seconds, at least "
+                             f"2 x storage.heartbeat_interval_s ({2 * self.heartbeat_interval_s}), so one late "
+                             f"heartbeat does not hand a live driver's study to another")
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
-from orchestrator import backends, parity, report, trust
+from orchestrator import backends, parity, report, studylock, trust
 from orchestrator import ledger as L
 from orchestrator.config import SweepConfig, prefilter_base_dir
 from orchestrator.prefilter import REASON_PREFIX, prefilter_from_settings
@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 PENALTY_FACTOR = 10.0
 """A run that produced no step time is told as this multiple of the baseline's (plus a constraint)."""
+MAX_LOST_IN_A_ROW = 3
+"""Runs lost to the cluster (a node, an actor) one after another before the sweep stops instead of re-queuing."""
 REUSABLE = ("ok", "infeasible", "pruned", "oom", "nan")
 """Statuses a repeated proposal may reuse instead of running again (a crash or timeout may be transient)."""
 
@@ -71,6 +73,7 @@ class Sweep:
         self.gate = trust.ParityGate(cfg.results_dir.parent / "parity_refs")
         """Canonical -> baseline -> trials (orchestrator.trust); its store is shared by every sweep under the same
         results directory, by maths key."""
+        self.lost_in_a_row = 0
         self.stop_reason: str | None = None
         self.target_reason: str | None = None
         """Why the sweep may stop for its target; it does once search.min_trials are finished."""
@@ -94,8 +97,21 @@ class Sweep:
 
     def _open_study(self) -> optuna.Study:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study = optuna.create_study(study_name=self.cfg.name, storage=self.cfg.optuna_url, direction="minimize",
-                                    sampler=_sampler(self.cfg), load_if_exists=True)
+        st = self.cfg.storage
+        try:  # claimed before anything is read or written: a live driver's trials are not ours to judge
+            study, self.lock = studylock.open_locked(
+                self.cfg.optuna_url, self.cfg.name, self.cfg.results_dir, st.heartbeat_interval_s, st.grace_period_s,
+                direction="minimize", sampler=_sampler(self.cfg))
+        except studylock.StudyBusy as e:
+            raise SweepError(str(e)) from None
+        try:
+            self._check_fingerprint(study)
+        except SweepError:
+            self.lock.release()
+            raise
+        return study
+
+    def _check_fingerprint(self, study: optuna.Study) -> None:
         what = [self.cfg.backend, self.configs.to_dict(self.configs.baseline), self.cfg.raw.get("space"),
                 self.cfg.resources.world_size]
         fp = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -106,7 +122,6 @@ class Sweep:
             raise SweepError(f"study {self.cfg.name!r} in {self.cfg.optuna_url} was made with another backend, "
                              f"baseline, space or world size; use a new name=..., or delete {self.cfg.results_dir} "
                              f"and the study to start over")
-        return study
 
     def _open_tracker(self) -> tuple[Any, str | None]:
         if not self.cfg.tracking.enabled:
@@ -183,6 +198,11 @@ class Sweep:
                     break
                 for slot, outcome in runner.poll(timeout_s=0.5):
                     job = active[slot]
+                    if outcome.status == "lost":  # the infrastructure's doing: no verdict on the config
+                        del active[slot]
+                        self._lost(job, outcome)
+                        continue
+                    self.lost_in_a_row = 0
                     try:
                         runner.submit(slot, job.steps.send(outcome))
                     except StopIteration:
@@ -205,7 +225,25 @@ class Sweep:
         self._track("finish_sweep", summary, self.study, report.table(self.records))
         return summary
 
+    def _lost(self, job: Job, outcome: Any) -> None:
+        """A node or a rank's actor was lost mid-run: nothing was measured and the config is not to blame, so
+        the trial is queued again (FAIL in Optuna, as for a dead driver's trial; no ledger line, no constraint)."""
+        if job.trial is not None:
+            self._requeue(job.number, job.trial.params, job.trial.user_attrs)
+            job.told = True
+        else:  # a confirm run: run it again (a resume finds it from the ledger too)
+            self.queue.append(self._confirm_job(job.number, job.params, job.config))
+        self.progress.running.pop(job.number, None)
+        log.warning("trial %d (%s): %s; queued again, not held against its config", job.number, job.kind, outcome.reason)
+        self.lost_in_a_row += 1
+        if self.lost_in_a_row > MAX_LOST_IN_A_ROW:
+            raise SweepError(f"{self.lost_in_a_row} runs in a row were lost to the cluster (last: {outcome.reason}); "
+                             f"check the cluster's nodes, then rerun the same command to resume")
+
     def _next_job(self, active: dict[int, Job], elapsed: float) -> Job | None:
+        if self.lock.lost.is_set():
+            raise SweepError(f"another driver took study {self.cfg.name!r} over (this one's heartbeat had stopped "
+                             f"for longer than storage.grace_period_s); stopping")
         if self.queue:
             return self.queue.pop(0)
         if self.stop_reason or any(j.kind == "baseline" for j in active.values()):
@@ -354,6 +392,8 @@ class Sweep:
         runs = [r for r in job.runs if r is not None]
         wall = sum(r.wall_s for r in runs)
         run_name = f"trial{job.number}" + ("" if job.kind == "trial" else f"_{job.kind}{extra.get('repeat', '')}")
+        if outcome.placement:  # where each rank ran: host, ip, Ray node id, GPU ids (rank order)
+            extra["placement"] = outcome.placement
         if traces := outcome.save_traces(self.cfg.results_dir / "traces" / run_name):
             extra["artifacts"] = traces  # tracking logs them under the child run's traces/
         line = L.record(
@@ -482,4 +522,6 @@ def run_sweep(cfg: SweepConfig) -> tuple[dict, list[dict]]:
         except BaseException as e:  # the MLflow parent must not stay RUNNING: ended FAILED/KILLED with why
             sweep._track("end_sweep", e)
             raise
+        finally:
+            sweep.lock.release()
         return summary, sweep.records

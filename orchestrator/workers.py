@@ -24,6 +24,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from orchestrator import capacity
 from trainer.result import RankResult
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,10 @@ log = logging.getLogger(__name__)
 
 class GroupStartError(RuntimeError):
     """Ray could not be joined, or the worker group could not be placed or could not form its world."""
+
+
+class ClusterTooSmall(GroupStartError):
+    """The alive nodes can never hold the group (too small, or a node was lost): retrying cannot help."""
 
 
 def start_local_ray(num_cpus: int, num_gpus: int | None = None, temp_dir: str | None = None,
@@ -70,7 +75,10 @@ def connect(address: str | None, runtime_env: dict | None, *, num_cpus: int, tem
     if address is None:
         _joined = "embedded Ray at " + start_local_ray(max(num_cpus, os.cpu_count() or 1), temp_dir=temp_dir,
                                                          dashboard=dashboard)
+        if os.environ.get("RAY_AUTH_MODE", "token") == "token" and "RAY_AUTH_TOKEN_PATH" in os.environ:
+            _joined += f" (others join with ray.address= and RAY_AUTH_TOKEN_PATH={os.environ['RAY_AUTH_TOKEN_PATH']})"
         return _joined
+    use_token_auth()
     host, sep, port = address.rpartition(":")
     if sep and port.isdigit() and "://" not in address:
         # Ray retries an unreachable GCS for many minutes; a plain TCP connect says it in seconds.
@@ -112,6 +120,26 @@ def _quiet_raylet_errors() -> None:
     ray_worker.print_to_stdstream = print_to_stdstream
 
 
+def use_token_auth() -> None:
+    """Joining a cluster at an explicit address with a token given: send it.
+
+    Ray (2.60) turns token mode on by itself only for a cluster it starts or finds with address=auto; for an
+    explicit address a token in RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH is ignored unless RAY_AUTH_MODE=token,
+    and the join fails after ~20 s of retries. A token the user gave means token mode; an explicit
+    RAY_AUTH_MODE is left alone.
+    """
+    if "RAY_AUTH_MODE" not in os.environ and {"RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & set(os.environ):
+        os.environ["RAY_AUTH_MODE"] = "token"
+        # Ray read its config when it was imported; re-read it, as Ray itself does when it turns token mode on.
+        # (Private API: should it go, setting RAY_AUTH_MODE=token before starting still works; docs say so.)
+        try:
+            from ray._raylet import Config
+
+            Config.initialize("")
+        except (ImportError, AttributeError):
+            pass
+
+
 @ray.remote
 class RankWorker:
     """One rank. Lives as long as its group; torch is imported and the world joined once."""
@@ -120,8 +148,9 @@ class RankWorker:
         with socket.socket() as s:  # a free port on this node, for rank 0's rendezvous
             s.bind(("", 0))
             port = s.getsockname()[1]
-        return {"ip": ray.util.get_node_ip_address(), "port": port, "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-                "pid": os.getpid()}
+        return {"host": socket.gethostname(), "ip": ray.util.get_node_ip_address(),
+                "node_id": ray.get_runtime_context().get_node_id(), "port": port,
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid()}
 
     def join(self, env: dict[str, str], device: str, timeout_s: float) -> int:
         os.environ.update(env)
@@ -147,11 +176,14 @@ class RunDone:
     ranks: list[RankResult] | None
     error: BaseException | None
     kind: str
-    """ok | raised | lost_rank | timeout"""
+    """ok | raised | lost_rank (the rank's process died on a live node) | lost_node | lost_actor (killed from
+    outside, by ray.kill) | timeout. lost_node and lost_actor are the infrastructure's doing, not the config's."""
     wall_s: float
     """From submission (including any group rebuild) to this outcome."""
     traces: list[bytes | None] | None = None
     """Per rank (rank order): the gzipped torch.profiler trace of run.profile_step, if one was asked for."""
+    placement: list[dict[str, Any]] | None = None
+    """Per rank (rank order): host, ip, Ray node_id, gpu_ids and pid of the actor that ran it."""
 
 
 class WorkerGroup:
@@ -160,6 +192,8 @@ class WorkerGroup:
         self.world_size, self.cpus, self.gpus, self.strategy = world_size, cpus_per_rank, gpus_per_rank, strategy
         self.device, self.start_timeout_s = device, start_timeout_s
         self.actors: list[Any] = []
+        self.placement: list[dict[str, Any]] = []
+        """Where each rank of the live group runs (rank order): host, ip, node_id, gpu_ids, pid."""
         self.pg = None
         self.builds = 0
         """Times this group formed its world: 1 for a whole sweep without failures."""
@@ -181,6 +215,8 @@ class WorkerGroup:
     def start(self) -> None:
         """Place the actors, choose rank 0's address, and form the world (blocking, bounded)."""
         bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
+        if why := capacity.shortfall(self.world_size, bundle, self.strategy):  # at once, not after a timeout
+            raise ClusterTooSmall(why)
         self.pg = placement_group([bundle] * self.world_size, strategy=self.strategy)
         try:
             ray.get(self.pg.ready(), timeout=self.start_timeout_s)
@@ -190,21 +226,24 @@ class WorkerGroup:
                 f"no room for {self.world_size} ranks x {bundle} ({self.strategy}) within "
                 f"{self.start_timeout_s:.0f} s; "
                 f"the cluster has {ray.available_resources()} free: lower resources.world_size/cpus_per_rank/"
-                f"gpus_per_rank or resources.concurrent_trials, or use resources.placement=PACK") from None
+                f"gpus_per_rank or resources.concurrent_trials"
+                + (", or use resources.placement=PACK" if self.strategy == "STRICT_PACK" else "")) from None
         actors = [RankWorker.options(num_cpus=self.cpus, num_gpus=self.gpus, scheduling_strategy=
                                      PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)).remote()
                   for i in range(self.world_size)]
         self.actors = actors
         try:
             nodes = ray.get([a.node.remote() for a in actors], timeout=self.start_timeout_s)
-            # Ranks of one node are contiguous, so a pipeline stage's dp peers (rank = pp_rank * dp + dp_rank)
-            # share a node when they can.
-            order = sorted(range(len(actors)), key=lambda i: (nodes[i]["ip"], i))
+            # Ranks of one Ray node are contiguous, so a pipeline stage's dp peers (rank = pp_rank * dp + dp_rank)
+            # share a node when they can. By node id, not IP: several Ray nodes may share one IP.
+            order = sorted(range(len(actors)), key=lambda i: (nodes[i]["node_id"], i))
             self.actors = [actors[i] for i in order]
             nodes = [nodes[i] for i in order]
             refs = [a.join.remote(env, self.device, self.start_timeout_s)
                     for a, env in zip(self.actors, rank_envs(nodes))]
             ray.get(refs, timeout=self.start_timeout_s)
+            self.placement = [{"rank": r, **{k: n[k] for k in ("host", "ip", "node_id", "gpu_ids", "pid")}}
+                              for r, n in enumerate(nodes)]
         except Exception as e:
             self.kill()
             raise GroupStartError(f"the worker group could not form its world: {_describe(e)}") from None
@@ -226,31 +265,48 @@ class WorkerGroup:
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError as e:
-                return self._fail(e, "lost_rank", self._refs.index(ref))
+                return self._lost(e, self._refs.index(ref))
             except ray.exceptions.RayTaskError as e:
                 return self._fail(e, "raised", self._refs.index(ref))
         if len(ready) == len(self._refs):
             ranks, traces = zip(*ray.get(self._refs))
             self._refs = []
-            return RunDone(list(ranks), None, "ok", time.perf_counter() - self._submitted, traces=list(traces))
+            return RunDone(list(ranks), None, "ok", time.perf_counter() - self._submitted, traces=list(traces),
+                           placement=self.placement)
         if time.perf_counter() > self._deadline:
             return self._fail(TimeoutError(f"no result within resources.trial_timeout_s={self._timeout:g} s"),
                               "timeout", None)
         return None
 
-    def _fail(self, error: BaseException, kind: str, rank: int | None) -> RunDone:
+    def _lost(self, error: BaseException, rank: int) -> RunDone:
+        """A rank's actor is gone: its node died (infrastructure), someone ray.kill-ed it (infrastructure), or
+        its process died on a live node (a crash of the trainer process: segfault, the kernel's OOM killer)."""
+        placement = self.placement
+        dead = capacity.dead_nodes({p["node_id"] for p in placement})
+        if not dead and "its node has died" in str(error):  # Ray has not marked the node dead yet
+            dead = {p["node_id"] for p in placement if p["node_id"] in str(error)}
+        if dead:
+            where = sorted({(p["node_id"], p["host"], p["ip"]) for p in placement if p["node_id"] in dead})
+            error.add_note("; ".join(f"node {n} ({h}, {ip}) lost" for n, h, ip in where))
+            return self._fail(error, "lost_node", rank, placement)
+        if "killed by `ray.kill`" in str(error):  # Ray's only record of who ended it: the death cause's text
+            return self._fail(error, "lost_actor", rank, placement)
+        return self._fail(error, "lost_rank", rank, placement)
+
+    def _fail(self, error: BaseException, kind: str, rank: int | None,
+              placement: list[dict[str, Any]] | None = None) -> RunDone:
         # The other ranks may sit in a collective waiting for the failed one: never wait for them.
         self.kill()
         if rank is not None:
             error.add_note(f"rank {rank}")
-        return RunDone(None, error, kind, time.perf_counter() - self._submitted)
+        return RunDone(None, error, kind, time.perf_counter() - self._submitted, placement=placement)
 
     def kill(self) -> None:
         for a in self.actors:
             ray.kill(a, no_restart=True)
         if self.pg is not None:
             remove_placement_group(self.pg)
-        self.actors, self.pg, self._refs = [], None, []
+        self.actors, self.pg, self._refs, self.placement = [], None, [], []
 
 
 def rank_envs(nodes: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -263,7 +319,7 @@ def rank_envs(nodes: list[dict[str, Any]]) -> list[dict[str, str]]:
     master = nodes[0]
     envs = []
     for rank, n in enumerate(nodes):
-        peers = [m for m in nodes if m["ip"] == n["ip"]]
+        peers = [m for m in nodes if m["ip"] == n["ip"]]  # one machine (its GPUs), even if several Ray nodes
         local_rank = peers.index(n)
         env = {"RANK": str(rank), "WORLD_SIZE": str(len(nodes)), "LOCAL_RANK": str(local_rank),
                "LOCAL_WORLD_SIZE": str(len(peers)), "MASTER_ADDR": master["ip"], "MASTER_PORT": str(master["port"])}
