@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--limit", type=int, help="measure only this many configs (evenly spread; for trying it out)")
     ap.add_argument("--seed", type=int, default=0, help="seeds the per-round shuffle")
     ap.add_argument("--out", default=str(ROOT / "bench/results/landscape_default.json"))
+    ap.add_argument("--compile-only", action="store_true", help="write the JSON from the samples so far; run nothing")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         raise SystemExit("--repeats: need at least 1")
@@ -186,6 +187,10 @@ def main(argv: list[str] | None = None) -> None:
     total = len(params_list) * args.repeats
     have = sum(min(len(samples.get(key_of(p), [])), args.repeats) for p in params_list)
     print(f"{len(params_list)} configs x {args.repeats} repeats = {total} runs; {have} already in {log}", flush=True)
+    if args.compile_only:
+        doc = write(out, header, params_list, samples)
+        print(f"wrote {out}: {doc['n_measured']} configs measured; true best {doc['true_best']}")
+        return
     meas = Measurer(cfg, configs)
     t0, done = time.perf_counter(), 0
     try:

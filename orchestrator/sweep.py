@@ -12,6 +12,7 @@ several worker groups while the loop waits on whichever finishes first.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import statistics
@@ -24,7 +25,7 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
-from orchestrator import backends, parity, report
+from orchestrator import backends, guided, parity, report
 from orchestrator import ledger as L
 from orchestrator.config import SweepConfig, prefilter_base_dir
 from orchestrator.prefilter import REASON_PREFIX, prefilter_from_settings
@@ -93,7 +94,8 @@ class Sweep:
     def _open_study(self) -> optuna.Study:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study(study_name=self.cfg.name, storage=self.cfg.optuna_url, direction="minimize",
-                                    sampler=_sampler(self.cfg), load_if_exists=True)
+                                    sampler=_sampler(self.cfg, lambda: self.records, self.say),
+                                    load_if_exists=True)
         what = [self.cfg.backend, self.configs.to_dict(self.configs.baseline), self.cfg.raw.get("space"),
                 self.cfg.resources.world_size]
         fp = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -354,7 +356,8 @@ class Sweep:
             result=outcome.result.to_dict() if outcome.result is not None else None, prediction=outcome.prediction,
             parity=verdict, metrics=metrics, meets_target=meets, wall_s=wall,
             overhead_s=(wall - sum(r.work_s for r in runs)) if runs and self.cfg.backend == "ray" else None,
-            started_at=job.started, finished_at=time.time(), **extra, **_probe_info(job, status))
+            started_at=job.started, finished_at=time.time(), **extra, **_probe_info(job, status),
+            **(guided.planner_fields(self.study.sampler, job.params, metrics, job.number) if job.trial else {}))
         self.ledger.append(line)  # first: the source of truth
         self.records.append(line)
         t_book = time.perf_counter()
@@ -441,7 +444,11 @@ def _verdict(reference: dict | None, result: Any, tolerance: parity.Tolerance | 
     return verdict
 
 
-def _sampler(cfg: SweepConfig) -> optuna.samplers.BaseSampler:
+def _sampler(cfg: SweepConfig, lines: Callable[[], list] = list, log: Callable[[str], None] = print
+             ) -> optuna.samplers.BaseSampler:
+    if cfg.sampler.kind == "guided":  # the planner's picks in turn with TPE (orchestrator/guided.py)
+        return guided.sampler_for(cfg, _sampler(dataclasses.replace(cfg, sampler=dataclasses.replace(
+            cfg.sampler, kind="tpe"))), lines, log)
     s, conditional = cfg.sampler, any(p.when or p.type == "layer_split" for p in cfg.space.params)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
