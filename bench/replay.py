@@ -8,6 +8,7 @@ an Optuna trial, the baseline enqueued as trial 0), snaps a float param to the n
 draws one of that config's stored step-time samples (``random.Random(seed)``): the replay sees the real
 noise, not the median. A proposal with the same params as an earlier trial costs no run (the sweep reuses
 the measurement); a config that failed parity or did not run is told as the sweep tells it (constraints).
+A config a partial landscape has no run of is skipped like a pre-filtered one: a trial, but no run.
 
 Per strategy and seed: the runs until a config whose true median is within 2% (5%) of the true best (the
 best median of the landscape) was measured, up to a cap; and, for a sweep of ``--budget`` trials, whether
@@ -149,7 +150,12 @@ def replay(strategy: str, land: Landscape, seed: int, cap: int, budget: int,
         if exact in seen:  # the sweep reuses a repeated proposal's measurement: no run
             _tell(study, trial, seen[exact], row)
             continue
-        if row is None or not row["step_time_samples_s"]:
+        if row is None or row["status"] == "missing":
+            # Not in the landscape (a partial one): skipped like a pre-filtered config, a trial but no run.
+            seen[exact] = 10.0 * base_s
+            _tell(study, trial, seen[exact], None)
+            continue
+        if not row["step_time_samples_s"]:  # measured, failed: a run told as the sweep tells a crash
             value = 10.0 * base_s
         else:
             i = rng.randrange(len(row["step_time_samples_s"]))

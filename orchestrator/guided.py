@@ -52,9 +52,8 @@ def family_of(name: str) -> str:
 def float_values(p: Any, n: int = FLOAT_POINTS) -> list[float]:
     if n == 1 or p.high == p.low:
         return [p.low]
-    if p.log:
-        return [float(v) for v in np.geomspace(p.low, p.high, n)]
-    return [float(v) for v in np.linspace(p.low, p.high, n)]
+    values = np.geomspace(p.low, p.high, n) if p.log else np.linspace(p.low, p.high, n)
+    return [float(f"{v:.6g}") for v in values]  # 0.5, not 0.49999999999999994
 
 
 def candidates(space: Any, fixed: Mapping[str, Any], split_context: Any, n_float: int = FLOAT_POINTS
@@ -165,9 +164,10 @@ class PlannerRanking:
         return True
 
 
-def spread_picks(ranked: Sequence[dict[str, Any]], n: int, window: int = 12) -> list[dict[str, Any]]:
+def spread_picks(ranked: Sequence[dict[str, Any]], n: int, window: int | None = None) -> list[dict[str, Any]]:
     """Up to ``n`` of ``ranked`` (best first): each differs from every earlier pick in >= 2 knob families,
-    looking ``window`` places past the best remaining one; else the best remaining one."""
+    looking ``window`` (default: a quarter of ``ranked``) places down the ranking; else the best remaining one."""
+    window = window or max(12, len(ranked) // 4)
     picks: list[dict[str, Any]] = []
     rest = list(ranked)
     while rest and len(picks) < n:

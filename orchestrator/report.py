@@ -107,7 +107,43 @@ def summarize(records: list[dict], target: Target, repeats: int) -> dict[str, An
         "prefilter": prefilter_summary(records),
         "numerics": parity.numerics_note(best["params"], base["params"], best["parity"]) if best and base else None,
         "breakdowns": _breakdowns(records, target_s) if rows and rows[0]["backend"] == "model" else [],
+        "time_to_answer": time_to_answer(records),
     }
+
+
+def time_to_answer(records: list[dict], within: float = 0.02) -> dict[str, Any]:
+    """Trials and seconds (from the first trial's start) until the first config within ``within`` of the best
+    found was measured, and the planner's |error| per trial where a guided sweep recorded one (ledger order)."""
+    from datetime import datetime
+
+    rows = L.measured(records)
+    best = L.best_of(records)
+    out: dict[str, Any] = {"within": within, "trials": None, "seconds": None, "trial": None}
+    if best is not None:
+        limit = best["metrics"]["step_time_s"] * (1 + within)
+        t0 = datetime.fromisoformat(rows[0]["started_at"])
+        for i, r in enumerate(rows, 1):
+            if r["status"] == "ok" and (r["metrics"].get("step_time_s") or float("inf")) <= limit:
+                out.update(trials=i, trial=r["trial"],
+                           seconds=(datetime.fromisoformat(r["finished_at"]) - t0).total_seconds())
+                break
+    errs = [abs(r["planner"]["error_pct"]) for r in rows if (r.get("planner") or {}).get("error_pct") is not None]
+    third = max(1, len(errs) // 3)
+    out["planner_abs_error_pct"] = errs
+    out["planner_error_first_pct"] = sum(errs[:third]) / third if errs else None
+    out["planner_error_last_pct"] = sum(errs[-third:]) / third if errs else None
+    return out
+
+
+def time_to_answer_text(t: dict[str, Any]) -> str:
+    if t["trials"] is None:
+        return "time to answer: no usable trial"
+    line = (f"time to answer: trial {t['trial']} ({t['trials']} trials, {t['seconds']:.0f} s in) was the first within "
+            f"{t['within']:.0%} of the best found")
+    if t.get("planner_error_first_pct") is not None:
+        line += (f"; planner |error| {t['planner_error_first_pct']:.0f}% (first third of the trials) -> "
+                 f"{t['planner_error_last_pct']:.0f}% (last third)")
+    return line
 
 
 BREAKDOWN = (("forward", "forward_s"), ("backward", "backward_s"), ("recompute", "recompute_s"),
@@ -153,6 +189,8 @@ def summary_text(s: dict[str, Any]) -> str:
         gap = f"{secs(abs(d), pred)} ({abs(d) / s['target_s']:.1%})"
         out.append(f"target not met: best is {gap} above it" if d > 0 else
                    f"target not met: best is {gap} under it, but a repeat run did not confirm it")
+    if s.get("time_to_answer"):
+        out.append(time_to_answer_text(s["time_to_answer"]))
     if s.get("numerics"):
         out.append(s["numerics"])
     if s.get("breakdowns"):

@@ -99,3 +99,19 @@ def test_planner_fields_for_the_ledger(world):
     assert "not predicted" in guided.planner_fields(sampler, land.rows[missing]["params"], {}, 6)["planner"][
         "not_modelled"]
     assert guided.planner_fields(optuna.samplers.TPESampler(), {}, {}) == {}
+
+
+def test_time_to_answer_counts_trials_and_seconds_to_the_first_config_near_the_best():
+    from orchestrator import report
+
+    def line(trial, t, start, planner=None):
+        return {"trial": trial, "kind": "baseline" if trial == 0 else "trial", "status": "ok", "backend": "ray",
+                "metrics": {"step_time_s": t}, "started_at": f"2026-01-01T00:00:{start:02d}+00:00",
+                "finished_at": f"2026-01-01T00:00:{start + 2:02d}+00:00", **({"planner": planner} if planner else {})}
+
+    recs = [line(0, 0.2, 0), line(1, 0.101, 3, {"error_pct": -40.0}), line(2, 0.15, 6, {"error_pct": 30.0}),
+            line(3, 0.1, 9, {"error_pct": 5.0})]
+    t = report.time_to_answer(recs)
+    assert (t["trials"], t["trial"], t["seconds"]) == (2, 1, 5.0)  # 0.101 is within 2% of the best, 0.1
+    assert t["planner_error_first_pct"] == 40.0 and t["planner_error_last_pct"] == 5.0
+    assert "trial 1 (2 trials, 5 s in)" in report.time_to_answer_text(t)
