@@ -138,13 +138,58 @@ def write(out: Path, header: dict, params_list: list[dict], samples: dict[str, l
     rows = [summarise(key_of(p), p, samples.get(key_of(p), [])) for p in params_list]
     usable = [r for r in rows if r["status"] == "ok" and r["median_s"]]
     best = min(usable, key=lambda r: r["median_s"], default=None)
+    ats = sorted(s["at"] for v in samples.values() for s in v)
     doc = {**header, "written_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "first_run_at": ats[0] if ats else None, "last_run_at": ats[-1] if ats else None,
            "n_configs": len(rows), "n_measured": sum(bool(samples.get(r["key"])) for r in rows),
            "true_best": {"key": best["key"], "median_s": best["median_s"]} if best else None, "configs": rows}
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=1))
     tmp.replace(out)
+    out.with_suffix(".md").write_text(summary_md(doc, out.name))
     return doc
+
+
+def summary_md(doc: dict, name: str, top: int = 15) -> str:
+    """The landscape in a page: what was measured, how noisy, the fastest configs by median."""
+    rows = doc["configs"]
+    usable = sorted((r for r in rows if r["status"] == "ok" and r["median_s"]), key=lambda r: r["median_s"])
+    n_samples = [len(r["step_time_samples_s"]) for r in rows]
+    spreads = [r["spread_rel"] for r in usable if r["spread_rel"] is not None]
+    loads = [x for r in rows for x in r["load_1min"]]
+    m = doc["machine"]
+    best = usable[0]["median_s"] if usable else None
+    lines = [
+        f"# Measured landscape: the {doc['space']} space", "",
+        f"Command: `{doc['command']}` (resumes from `{Path(name).stem}.samples.jsonl`).", "",
+        f"Machine: {m['cpu']}, {m['cpus']} CPUs, torch {m['torch']}, Python {m['python']}; runs from "
+        f"{doc['first_run_at']} to {doc['last_run_at']} (UTC); 1-minute load average during the runs: median "
+        f"{statistics.median(loads):.1f}, max {max(loads):.1f} (other jobs shared the machine)." if loads else "", "",
+        f"Configs: {doc['n_configs']} ({doc['discretised']} discretised); measured: {doc['n_measured']}; runs per "
+        f"config: {min(n_samples)}-{max(n_samples)} (asked: {doc['repeats']}); usable (ran, parity passed): "
+        f"{len(usable)}; other: {sum(r['status'] not in ('ok', 'missing') for r in rows)}; not measured: "
+        f"{sum(r['status'] == 'missing' for r in rows)}.", "",
+        f"Noise: (max - min) / median of a config's runs: median {100 * statistics.median(spreads):.0f}%, "
+        f"max {100 * max(spreads):.0f}% over {len(spreads)} configs with 2+ runs." if spreads else
+        "Noise: no config has 2 runs yet.", "",
+        f"| rank | median (ms) | vs best | runs (ms) | peak mem (MiB) | parity | params |", "|---:|---:|---:|---|---:|---|---|",
+    ]
+    for i, r in enumerate(usable[:top], 1):
+        runs = ", ".join(f"{t * 1e3:.1f}" for t in r["step_time_samples_s"])
+        lines.append(f"| {i} | {r['median_s'] * 1e3:.1f} | {r['median_s'] / best - 1:+.1%} | {runs} | "
+                     f"{(r['peak_memory_bytes'] or 0) / 2**20:.1f} | {'pass' if r['parity']['passed'] else 'FAIL'} | "
+                     f"`{json.dumps(r['params'])}` |")
+    base = next((r for r in rows if r["key"] == doc["baseline_key"]), None)
+    if base and base["median_s"]:
+        lines += ["", f"Baseline: median {base['median_s'] * 1e3:.1f} ms ({base['median_s'] / best:.2f}x the best)."]
+    return "\n".join(lines) + "\n"
+
+
+def _append(log: Path, rec: dict) -> None:
+    with open(log, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -185,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
               "trainer": cfg.trainer, "world_size": cfg.resources.world_size,
               "note": "step_time_s per sample: median over measured updates of the slowest rank (trainer summary)"}
     total = len(params_list) * args.repeats
-    have = sum(min(len(samples.get(key_of(p), [])), args.repeats) for p in params_list)
+    have = sum(min(len({r["round"] for r in samples.get(key_of(p), [])}), args.repeats) for p in params_list)
     print(f"{len(params_list)} configs x {args.repeats} repeats = {total} runs; {have} already in {log}", flush=True)
     if args.compile_only:
         doc = write(out, header, params_list, samples)
@@ -205,13 +250,14 @@ def main(argv: list[str] | None = None) -> None:
                 order.insert(0, base_params)
             for p in order:
                 k = key_of(p)
-                if len(samples.get(k, [])) > rnd:
+                if any(r.get("round", i) == rnd for i, r in enumerate(samples.get(k, []))):
                     continue
                 rec = {"key": k, "round": rnd, **meas.run(p)}
-                with open(log, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
-                    f.flush()
-                    os.fsync(f.fileno())
+                if rec["status"] in ("failed", "timeout"):  # a lost rank on a shared machine: once more
+                    print(f"  {rec['status']}: {rec['reason'][:120]}; running it once more", flush=True)
+                    _append(log, rec)
+                    rec = {"key": k, "round": rnd, "retry": True, **meas.run(p)}
+                _append(log, rec)
                 samples.setdefault(k, []).append(rec)
                 done += 1
                 rate = (time.perf_counter() - t0) / done
