@@ -36,14 +36,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from orchestrator import backends, guided  # noqa: E402
+from orchestrator import backends, guided, winner  # noqa: E402
 from orchestrator.config import SweepConfig, load_sweep  # noqa: E402
 from orchestrator.space import suggest  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 STRATEGIES = ("random", "tpe", "gp", "tpe_warm", "guided")
-TOP_K, MIN_SAMPLES = 3, 3
 
 
 @dataclasses.dataclass
@@ -183,23 +182,16 @@ def replay(strategy: str, land: Landscape, seed: int, cap: int, budget: int,
 
 
 def declare(samples: dict[str, list[float]], land: Landscape, rng: random.Random) -> tuple[str, int]:
-    """The noise-aware winner: the lowest median; while the top ``TOP_K`` by median have overlapping
-    intervals ([min, max] of their samples; one sample: unknown, so overlapping), each of them with fewer than
-    ``MIN_SAMPLES`` is re-measured once. Returns (winner key, re-measurements)."""
+    """The noise-aware winner (``orchestrator.winner``): re-measure while the rule asks, then the lowest
+    median. Returns (winner key, re-measurements)."""
     s = {k: list(v) for k, v in samples.items()}
     extra = 0
-    for _ in range(TOP_K * MIN_SAMPLES):
-        top = sorted(s, key=lambda k: statistics.median(s[k]))[:TOP_K]
-        lead = top[0]
-        overlap = [k for k in top[1:] if len(s[k]) < 2 or len(s[lead]) < 2 or min(s[k]) <= max(s[lead])]
-        short = [k for k in ([lead] + overlap if overlap else []) if len(s[k]) < MIN_SAMPLES]
-        if not short:
-            break
-        for k in short:
-            row = land.rows[k]
-            s[k].append(row["step_time_samples_s"][rng.randrange(len(row["step_time_samples_s"]))])
+    while todo := winner.to_remeasure(s):
+        for k in todo:
+            runs = land.rows[k]["step_time_samples_s"]
+            s[k].append(runs[rng.randrange(len(runs))])
             extra += 1
-    return min(s, key=lambda k: statistics.median(s[k])), extra
+    return winner.leader(s), extra
 
 
 def _tell(study: optuna.Study, trial: optuna.Trial, value: float, row: dict | None) -> None:

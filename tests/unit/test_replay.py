@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import replay as R  # noqa: E402
 
+from orchestrator import winner  # noqa: E402
 from orchestrator.prefilter import load_cluster  # noqa: E402
 
 
@@ -44,8 +45,23 @@ def test_noise_aware_rule_remeasures_an_overlapping_top_and_drops_a_lucky_sample
     land = SimpleNamespace(rows=rows)
     seen = {"lucky": [0.080], "steady": [0.090], "slow": [0.200]}
     assert min(seen, key=lambda k: min(seen[k])) == "lucky"
-    winner, extra = R.declare(seen, land, random.Random(0))
-    assert winner == "steady"
-    assert 0 < extra <= R.TOP_K * (R.MIN_SAMPLES - 1)
+    declared, extra = R.declare(seen, land, random.Random(0))
+    assert declared == "steady"
+    assert 0 < extra <= winner.TOP_K * (winner.MIN_RUNS - 1)
     # Separated intervals: nothing to re-measure.
     assert R.declare({"a": [0.1, 0.1], "b": [0.2, 0.2]}, SimpleNamespace(rows={}), random.Random(0)) == ("a", 0)
+
+
+def test_the_sweep_summary_reports_the_same_rule_from_a_ledger():
+    def line(trial, kind, params, t):
+        return {"trial": trial, "kind": kind, "status": "ok", "params": params, "metrics": {"step_time_s": t}}
+
+    a, b = {"mbs": 8}, {"mbs": 4}
+    recs = [line(0, "baseline", {"mbs": 1}, 0.3), line(1, "trial", a, 0.08), line(2, "trial", b, 0.09)]
+    w = winner.summary(recs)
+    assert (w["trial"], w["remeasure_trials"]) == (1, [1, 2])  # one run each: cannot be told apart yet
+    recs += [line(1, "confirm", a, 0.13), line(1, "confirm", a, 0.12), line(2, "confirm", b, 0.091),
+             line(2, "confirm", b, 0.089)]
+    w = winner.summary(recs)
+    assert (w["trial"], w["runs"], w["remeasure_trials"]) == (2, 3, [])  # medians 0.09 vs 0.12, apart
+    assert "trial 2" in winner.summary_text(w)
