@@ -276,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cap", type=int, default=60, help="most runs per replayed sweep (random: --random-cap)")
     ap.add_argument("--random-cap", type=int, default=200)
     ap.add_argument("--gp-cap", type=int, default=40, help="GP: ~1 s per trial on 2 CPUs, so a lower cap")
+    ap.add_argument("--gp-seeds", type=int, help="seeds for GP (default: --seeds)")
     ap.add_argument("--budget", type=int, default=20, help="trials of the sweep whose winner is judged")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--out", default=str(ROOT / "bench/results/replay_default.md"))
@@ -287,7 +288,8 @@ def main(argv: list[str] | None = None) -> None:
     for strategy in args.strategies.split(","):
         cap = _cap(strategy, args)
         t = time.perf_counter()
-        results[strategy] = [replay(strategy, land, seed, cap, args.budget, ranking) for seed in range(args.seeds)]
+        seeds = args.gp_seeds if strategy == "gp" and args.gp_seeds else args.seeds
+        results[strategy] = [replay(strategy, land, seed, cap, args.budget, ranking) for seed in range(seeds)]
         print(f"{strategy}: {time.perf_counter() - t:.0f} s", flush=True)
     write_and_print(table(results, land, ranking, args, time.perf_counter() - t0), args.out)
 
@@ -302,19 +304,27 @@ def table(results: dict[str, list[SeedResult]], land: Landscape, ranking: Any, a
     n5 = sum(land.within(r["key"], 0.05) for r in usable)
     spreads = [r["spread_rel"] for r in usable if r.get("spread_rel") is not None]
     best = min(usable, key=lambda r: r["median_s"])
+    n_runs = [len(r["step_time_samples_s"]) for r in usable]
     m = land.doc["machine"]
     lines = [
         "# Samplers replayed against the measured landscape", "",
         f"Command: `PYTHONPATH=. .venv/bin/python bench/replay.py --seeds {args.seeds} --cap {args.cap} "
-        f"--random-cap {args.random_cap} --gp-cap {args.gp_cap} --budget {args.budget}` (wall {wall:.0f} s)", "",
-        f"Landscape: `{Path(args.landscape).name}` ({land.doc['space']} space, {len(land.rows)} configs x "
-        f"{land.doc['repeats']} runs, measured {land.doc['started_at'][:10]} on {m['cpu']}, {m['cpus']} CPUs, "
+        f"--random-cap {args.random_cap} --gp-cap {args.gp_cap} --budget {args.budget}"
+        + (f" --gp-seeds {args.gp_seeds}" if args.gp_seeds else "")
+        + f" --strategies {args.strategies}` (wall {wall:.0f} s)", "",
+        f"Landscape: `{Path(args.landscape).name}` ({land.doc['space']} space, {len(land.rows)} configs, "
+        f"{len(usable)} of them measured and usable, {min(n_runs)}-{max(n_runs)} runs each (asked: "
+        f"{land.doc['repeats']}), measured {str(land.doc.get('first_run_at') or land.doc['started_at'])[:16]} to "
+        f"{str(land.doc.get('last_run_at') or '')[:16]} UTC on {m['cpu']}, {m['cpus']} CPUs, "
         f"shared with other jobs); {land.doc['discretised']} discretised. True best: median "
         f"{best['median_s'] * 1e3:.1f} ms, `{best['key']}`. Configs within 2% of it: {n2}; within 5%: {n5} "
-        f"(of {len(usable)} usable). Median spread (max - min) / median of a config's runs: "
-        f"{100 * statistics.median(spreads):.0f}%." if spreads else "", "",
-        "Runs count real runs, the baseline included; a repeated proposal costs none. Caps: "
-        f"{args.cap} runs ({args.random_cap} for random, {args.gp_cap} for GP); a seed that did not get there counts as cap + 1.", "",
+        f"(of {len(usable)} usable). " + (f"Median spread (max - min) / median of a config's runs: "
+                                          f"{100 * statistics.median(spreads):.0f}%." if spreads else
+                                          "No config has 2 runs: each replayed trial of a config draws the same "
+                                          "value, so this replay carries no run-to-run noise."), "",
+        "Runs count real runs, the baseline included; a repeated proposal, or a config the landscape lacks, costs "
+        f"none. Caps: {args.cap} trials ({args.random_cap} for random, {args.gp_cap} for GP); a seed that did not "
+        "get there counts as cap + 1.", "",
         f"| strategy | runs to 2%: median | p90 | runs to 5%: median | p90 | winner within 2% after {args.budget} "
         f"trials: fastest sample | noise-aware rule | its extra runs (mean) | planner abs error, first 5 runs -> "
         f"last 5 (median %) |", "|---|---:|---:|---:|---:|---:|---:|---:|---|",
@@ -329,7 +339,8 @@ def table(results: dict[str, list[SeedResult]], land: Landscape, ranking: Any, a
                      f"{100 * np.mean([r.winner_best_sample for r in rs]):.0f}% | "
                      f"{100 * np.mean([r.winner_noise_aware for r in rs]):.0f}% | "
                      f"{np.mean([r.extra_runs for r in rs]):.1f} | {trend} |")
-    lines += ["", f"Seeds: {args.seeds} per strategy. The planner does not model {len(ranking.not_modelled)} of "
+    lines += ["", f"Seeds: {args.seeds} per strategy" + (f" ({args.gp_seeds} for GP)" if args.gp_seeds else "")
+              + f". The planner does not model {len(ranking.not_modelled)} of "
               f"{len(ranking.candidates)} configs (unequal interleaved chunks per rank); guided search leaves "
               f"those to TPE.", ""]
     return "\n".join(lines)

@@ -2,8 +2,9 @@
 
 One rule, used by the replay (bench/replay.py, which re-measures as it says) and by the sweep summary
 (which reports it): the winner is the config with the lowest median; while any of the ``TOP_K`` lowest
-medians has an interval overlapping the leader's (a config with one run overlaps, its spread unknown), each
-of those configs and the leader with fewer than ``MIN_RUNS`` runs needs one more run.
+medians has an interval overlapping the leader's, each of those configs and the leader with fewer than
+``MIN_RUNS`` runs needs one more run. A config's interval is [min, max] of its runs; with one run, the run
+widened by the typical spread ((max - min) / median) of the configs with several, or ``DEFAULT_SPREAD``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any, Mapping, Sequence
 
 TOP_K = 3
 MIN_RUNS = 3
+DEFAULT_SPREAD = 0.15
+"""Relative spread assumed before any config has two runs (a 2-rank CPU trial re-measured: 41.6 -> 47.5 ms)."""
 
 
 def to_remeasure(runs: Mapping[str, Sequence[float]], top_k: int = TOP_K, min_runs: int = MIN_RUNS) -> list[str]:
@@ -21,8 +24,15 @@ def to_remeasure(runs: Mapping[str, Sequence[float]], top_k: int = TOP_K, min_ru
     top = sorted(runs, key=lambda k: statistics.median(runs[k]))[:top_k]
     if not top:
         return []
+    spreads = [(max(v) - min(v)) / statistics.median(v) for v in runs.values() if len(v) > 1]
+    spread = statistics.median(spreads) if spreads else DEFAULT_SPREAD
+
+    def interval(k: str) -> tuple[float, float]:
+        v = runs[k]
+        return (min(v), max(v)) if len(v) > 1 else (v[0] * (1 - spread / 2), v[0] * (1 + spread / 2))
+
     lead = top[0]
-    overlap = [k for k in top[1:] if len(runs[k]) < 2 or len(runs[lead]) < 2 or min(runs[k]) <= max(runs[lead])]
+    overlap = [k for k in top[1:] if interval(k)[0] <= interval(lead)[1]]
     return [k for k in ([lead] + overlap if overlap else []) if len(runs[k]) < min_runs]
 
 
