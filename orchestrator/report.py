@@ -10,7 +10,8 @@ import time
 from typing import Any, TextIO
 
 from orchestrator import ledger as L
-from orchestrator import parity, winner
+from orchestrator import parity
+from orchestrator.winner import summary as noise_aware_winner, summary_text as noise_aware_text
 from orchestrator.prefilter import prefilter_summary, prefilter_summary_text
 from orchestrator.target import Target
 
@@ -108,7 +109,7 @@ def summarize(records: list[dict], target: Target, repeats: int) -> dict[str, An
         "numerics": parity.numerics_note(best["params"], base["params"], best["parity"]) if best and base else None,
         "breakdowns": _breakdowns(records, target_s) if rows and rows[0]["backend"] == "model" else [],
         "time_to_answer": time_to_answer(records),
-        "noise_aware_winner": winner.summary(records),
+        "noise_aware_winner": noise_aware_winner(records),
     }
 
 
@@ -193,7 +194,7 @@ def summary_text(s: dict[str, Any]) -> str:
     if s.get("time_to_answer"):
         out.append(time_to_answer_text(s["time_to_answer"]))
     if s.get("noise_aware_winner") and s["backend"] == "ray":
-        out.append(winner.summary_text(s["noise_aware_winner"]))
+        out.append(noise_aware_text(s["noise_aware_winner"]))
     if s.get("numerics"):
         out.append(s["numerics"])
     if s.get("breakdowns"):
