@@ -285,20 +285,39 @@ def main(argv: list[str] | None = None) -> None:
     ranking = ranking_for(land)
     results: dict[str, list[SeedResult]] = {}
     t0 = time.perf_counter()
+    cache = Path(args.out).with_suffix(".json")  # results per strategy: another run may add strategies
     for strategy in args.strategies.split(","):
         cap = _cap(strategy, args)
         t = time.perf_counter()
         seeds = args.gp_seeds if strategy == "gp" and args.gp_seeds else args.seeds
         results[strategy] = [replay(strategy, land, seed, cap, args.budget, ranking) for seed in range(seeds)]
         print(f"{strategy}: {time.perf_counter() - t:.0f} s", flush=True)
-    write_and_print(table(results, land, ranking, args, time.perf_counter() - t0), args.out)
+    done = json.loads(cache.read_text()) if cache.exists() else {}
+    if done.get("landscape") != land.doc.get("last_run_at"):
+        done = {}  # results of another landscape
+    done.setdefault("strategies", {}).update(
+        {k: {"args": vars(args), "seeds": [dataclasses.asdict(r) for r in v]} for k, v in results.items()})
+    done["landscape"] = land.doc.get("last_run_at")
+    cache.write_text(json.dumps(done, indent=1))
+    every = {k: [SeedResult(**{**r, "reach": {float(f): n for f, n in r["reach"].items()}}) for r in v["seeds"]]
+             for k, v in done["strategies"].items()}
+    every = {k: every[k] for k in STRATEGIES if k in every}
+    per_args = {k: argparse.Namespace(**done["strategies"][k]["args"]) for k in every}
+    write_and_print(table(every, per_args, land, ranking, time.perf_counter() - t0, args), args.out)
 
 
 def _cap(strategy: str, args: Any) -> int:
     return {"random": args.random_cap, "gp": args.gp_cap}.get(strategy, args.cap)
 
 
-def table(results: dict[str, list[SeedResult]], land: Landscape, ranking: Any, args: Any, wall: float) -> str:
+def _command(a: Any) -> str:
+    return (f"PYTHONPATH=. .venv/bin/python bench/replay.py --seeds {a.seeds} --cap {a.cap} --random-cap "
+            f"{a.random_cap} --gp-cap {a.gp_cap} --budget {a.budget}" + (f" --gp-seeds {a.gp_seeds}" if a.gp_seeds
+                                                                         else "") + f" --strategies {a.strategies}")
+
+
+def table(results: dict[str, list[SeedResult]], per_args: dict[str, Any], land: Landscape, ranking: Any,
+          wall: float, args: Any) -> str:
     usable = [r for r in land.rows.values() if Landscape.usable(r)]
     n2 = sum(land.within(r["key"], 0.02) for r in usable)
     n5 = sum(land.within(r["key"], 0.05) for r in usable)
@@ -308,10 +327,10 @@ def table(results: dict[str, list[SeedResult]], land: Landscape, ranking: Any, a
     m = land.doc["machine"]
     lines = [
         "# Samplers replayed against the measured landscape", "",
-        f"Command: `PYTHONPATH=. .venv/bin/python bench/replay.py --seeds {args.seeds} --cap {args.cap} "
-        f"--random-cap {args.random_cap} --gp-cap {args.gp_cap} --budget {args.budget}"
-        + (f" --gp-seeds {args.gp_seeds}" if args.gp_seeds else "")
-        + f" --strategies {args.strategies}` (wall {wall:.0f} s)", "",
+        "Commands (each adds its strategies to the table; results per strategy in "
+        f"`{Path(args.out).with_suffix('.json').name}`):", "",
+        *sorted({f"    {_command(a)}" for a in per_args.values()}), "",
+        f"(this invocation: {wall:.0f} s)", "",
         f"Landscape: `{Path(args.landscape).name}` ({land.doc['space']} space, {len(land.rows)} configs, "
         f"{len(usable)} of them measured and usable, {min(n_runs)}-{max(n_runs)} runs each (asked: "
         f"{land.doc['repeats']}), measured {str(land.doc.get('first_run_at') or land.doc['started_at'])[:16]} to "
@@ -323,24 +342,23 @@ def table(results: dict[str, list[SeedResult]], land: Landscape, ranking: Any, a
                                           "No config has 2 runs: each replayed trial of a config draws the same "
                                           "value, so this replay carries no run-to-run noise."), "",
         "Runs count real runs, the baseline included; a repeated proposal, or a config the landscape lacks, costs "
-        f"none. Caps: {args.cap} trials ({args.random_cap} for random, {args.gp_cap} for GP); a seed that did not "
-        "get there counts as cap + 1.", "",
-        f"| strategy | runs to 2%: median | p90 | runs to 5%: median | p90 | winner within 2% after {args.budget} "
+        "none. Caps (trials) as in the commands; a seed that did not get there counts as cap + 1.", "",
+        f"| strategy (seeds) | runs to 2%: median | p90 | runs to 5%: median | p90 | winner within 2% after "
+        f"{args.budget} "
         f"trials: fastest sample | noise-aware rule | its extra runs (mean) | planner abs error, first 5 runs -> "
         f"last 5 (median %) |", "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, rs in results.items():
-        cap = _cap(name, args)
+        cap = _cap(name, per_args[name])
         r2, r5 = [r.reach[0.02] for r in rs], [r.reach[0.05] for r in rs]
         errs = [r.planner_err for r in rs if r.planner_err]
         trend = (f"{statistics.median(e for r in errs for e in r[:5]):.0f} -> "
                  f"{statistics.median(e for r in errs for e in r[-5:]):.0f}") if errs else "-"
-        lines.append(f"| {name} | {pct(r2, 50, cap)} | {pct(r2, 90, cap)} | {pct(r5, 50, cap)} | {pct(r5, 90, cap)} | "
+        lines.append(f"| {name} ({len(rs)}) | {pct(r2, 50, cap)} | {pct(r2, 90, cap)} | {pct(r5, 50, cap)} | {pct(r5, 90, cap)} | "
                      f"{100 * np.mean([r.winner_best_sample for r in rs]):.0f}% | "
                      f"{100 * np.mean([r.winner_noise_aware for r in rs]):.0f}% | "
                      f"{np.mean([r.extra_runs for r in rs]):.1f} | {trend} |")
-    lines += ["", f"Seeds: {args.seeds} per strategy" + (f" ({args.gp_seeds} for GP)" if args.gp_seeds else "")
-              + f". The planner does not model {len(ranking.not_modelled)} of "
+    lines += ["", f"The planner does not model {len(ranking.not_modelled)} of "
               f"{len(ranking.candidates)} configs (unequal interleaved chunks per rank); guided search leaves "
               f"those to TPE.", ""]
     return "\n".join(lines)
