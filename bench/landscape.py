@@ -224,7 +224,8 @@ def main(argv: list[str] | None = None) -> None:
                 samples.setdefault(rec["key"], []).append(rec)
     header = {"space": cfg.name, "source": str(Path(args.config).resolve().relative_to(ROOT))
               if Path(args.config).resolve().is_relative_to(ROOT) else args.config,
-              "command": "PYTHONPATH=. .venv/bin/python bench/landscape.py " + " ".join(argv or sys.argv[1:]),
+              "command": "PYTHONPATH=. .venv/bin/python bench/landscape.py "
+              + " ".join(a for a in (argv or sys.argv[1:]) if a != "--compile-only"),
               "repeats": args.repeats, "discretised": {BUCKET: buckets}, "baseline_key": key_of(base_params),
               "machine": machine(), "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "trainer": cfg.trainer, "world_size": cfg.resources.world_size,
