@@ -169,6 +169,9 @@ def summary_md(doc: dict, name: str, top: int = 15) -> str:
         f"config: {min(n_samples)}-{max(n_samples)} (asked: {doc['repeats']}); usable (ran, parity passed): "
         f"{len(usable)}; other: {sum(r['status'] not in ('ok', 'missing') for r in rows)}; not measured: "
         f"{sum(r['status'] == 'missing' for r in rows)}.", "",
+        f"Runs taken while the 1-minute load average exceeded the CPU count: "
+        f"{sum(x > (m['cpus'] or 1) for x in loads)} of {len(loads)}. To measure afresh (a quieter machine), move "
+        f"`{Path(name).stem}.samples.jsonl` away first: the command resumes from it.", "",
         f"Noise: (max - min) / median of a config's runs: median {100 * statistics.median(spreads):.0f}%, "
         f"max {100 * max(spreads):.0f}% over {len(spreads)} configs with 2+ runs." if spreads else
         "Noise: no config has 2 runs yet.", "",
