@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SWEEP = REPO_ROOT / "search_spaces" / "default.yaml"
 BACKENDS = ("ray", "model")
-SAMPLERS = ("tpe", "random", "cmaes", "qmc", "gp")
+SAMPLERS = ("tpe", "random", "cmaes", "qmc", "gp", "guided")
 PLACEMENTS = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 
 
@@ -56,6 +56,10 @@ class SamplerConfig:
     """TPE only: model the params jointly (with group decomposition for conditional params)."""
     n_startup_trials: int = 4
     """Random trials before TPE/CMA-ES/GP start modelling (the baseline counts)."""
+    guided_first: int = 3
+    """guided only: the planner's top picks (spread over the knob families) run first, after the baseline."""
+    guided_every: int = 2
+    """guided only: then every n-th trial is the recalibrated planner's best unmeasured config, the rest TPE's."""
 
 
 @dataclass(frozen=True)
@@ -280,6 +284,7 @@ def _check_fields(cfg: SweepConfig) -> None:
         ("resources.concurrent_trials", cfg.resources.concurrent_trials >= 1),
         ("resources.memory_budget_gb", cfg.resources.memory_budget_gb is None or cfg.resources.memory_budget_gb > 0),
         ("sampler.n_startup_trials", cfg.sampler.n_startup_trials >= 0),
+        ("sampler.guided_first", cfg.sampler.guided_first >= 0), ("sampler.guided_every", cfg.sampler.guided_every >= 0),
     ]
     for name, ok in checks:
         if not ok:

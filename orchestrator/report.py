@@ -12,6 +12,7 @@ from typing import Any, TextIO
 from orchestrator import ledger as L
 from orchestrator import parity
 from orchestrator.plan_verdict import verdict, verdict_lines
+from orchestrator.winner import summary as noise_aware_winner, summary_text as noise_aware_text
 from orchestrator.prefilter import prefilter_summary, prefilter_summary_text
 from orchestrator.target import Target
 from orchestrator.units import fmt_bytes
@@ -110,7 +111,46 @@ def summarize(records: list[dict], target: Target, repeats: int) -> dict[str, An
         "numerics": parity.numerics_note(best["params"], base["params"], best["parity"]) if best and base else None,
         "breakdowns": _breakdowns(records, target_s) if rows and rows[0]["backend"] == "model" else [],
         "verdict": verdict(records, target_s),
+        "time_to_answer": time_to_answer(records),
+        "noise_aware_winner": noise_aware_winner(records),
     }
+
+
+def time_to_answer(records: list[dict], within: float = 0.02) -> dict[str, Any]:
+    """Trials and seconds (from the first trial's start) until the first config within ``within`` of the best
+    found was measured, and the planner's |error| per trial where a guided sweep recorded one (ledger order)."""
+    from datetime import datetime
+
+    rows = L.measured(records)
+    best = L.best_of(records)
+    out: dict[str, Any] = {"within": within, "trials": None, "seconds": None, "trial": None}
+    if best is not None:
+        limit = best["metrics"]["step_time_s"] * (1 + within)
+        for i, r in enumerate(rows, 1):
+            if r["status"] == "ok" and (r["metrics"].get("step_time_s") or float("inf")) <= limit:
+                stamps = rows[0].get("started_at"), r.get("finished_at")
+                out.update(trials=i, trial=r["trial"], seconds=(
+                    datetime.fromisoformat(stamps[1]) - datetime.fromisoformat(stamps[0])).total_seconds()
+                    if all(stamps) else None)
+                break
+    errs = [abs(r["planner"]["error_pct"]) for r in rows if (r.get("planner") or {}).get("error_pct") is not None]
+    third = max(1, len(errs) // 3)
+    out["planner_abs_error_pct"] = errs
+    out["planner_error_first_pct"] = sum(errs[:third]) / third if errs else None
+    out["planner_error_last_pct"] = sum(errs[-third:]) / third if errs else None
+    return out
+
+
+def time_to_answer_text(t: dict[str, Any]) -> str:
+    if t["trials"] is None:
+        return "time to answer: no usable trial"
+    when = f", {t['seconds']:.0f} s in" if t["seconds"] is not None else ""
+    line = (f"time to answer: trial {t['trial']} ({t['trials']} trials{when}) was the first within "
+            f"{t['within']:.0%} of the best found")
+    if t.get("planner_error_first_pct") is not None:
+        line += (f"; planner |error| {t['planner_error_first_pct']:.0f}% (first third of the trials) -> "
+                 f"{t['planner_error_last_pct']:.0f}% (last third)")
+    return line
 
 
 BREAKDOWN = (("forward", "forward_s"), ("backward", "backward_s"), ("recompute", "recompute_s"),
@@ -157,6 +197,10 @@ def summary_text(s: dict[str, Any]) -> str:
         out.append(f"target not met: best is {gap} above it" if d > 0 else
                    f"target not met: best is {gap} under it, but a repeat run did not confirm it")
     out.extend(verdict_lines(s.get("verdict")))  # model backend: band, robust or point only, efficiency basis
+    if s.get("time_to_answer"):
+        out.append(time_to_answer_text(s["time_to_answer"]))
+    if s.get("noise_aware_winner") and s["backend"] == "ray":
+        out.append(noise_aware_text(s["noise_aware_winner"]))
     if s.get("numerics"):
         out.append(s["numerics"])
     if s.get("breakdowns"):

@@ -12,6 +12,7 @@ several worker groups while the loop waits on whichever finishes first.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -19,13 +20,13 @@ import statistics
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Generator
+from typing import Any, Callable, Generator
 
 import optuna
 import yaml
 from optuna.trial import TrialState
 
-from orchestrator import backends, parity, report, studylock, trust
+from orchestrator import backends, guided, parity, report, studylock, trust
 from orchestrator import ledger as L
 from orchestrator.config import SweepConfig, prefilter_base_dir
 from orchestrator.prefilter import REASON_PREFIX, prefilter_from_settings
@@ -101,7 +102,7 @@ class Sweep:
         try:  # claimed before anything is read or written: a live driver's trials are not ours to judge
             study, self.lock = studylock.open_locked(
                 self.cfg.optuna_url, self.cfg.name, self.cfg.results_dir, st.heartbeat_interval_s, st.grace_period_s,
-                direction="minimize", sampler=_sampler(self.cfg))
+                direction="minimize", sampler=_sampler(self.cfg, lambda: self.records))
         except studylock.StudyBusy as e:
             raise SweepError(str(e)) from None
         try:
@@ -402,7 +403,8 @@ class Sweep:
             result=outcome.result.to_dict() if outcome.result is not None else None, prediction=outcome.prediction,
             parity=verdict, metrics=metrics, meets_target=meets, wall_s=wall,
             overhead_s=(wall - sum(r.work_s for r in runs)) if runs and self.cfg.backend == "ray" else None,
-            started_at=job.started, finished_at=time.time(), **extra, **_probe_info(job, status))
+            started_at=job.started, finished_at=time.time(), **extra, **_probe_info(job, status),
+            **(guided.planner_fields(self.study.sampler, job.params, metrics, job.number) if job.trial else {}))
         self.ledger.append(line)  # first: the source of truth
         self.records.append(line)
         t_book = time.perf_counter()
@@ -489,7 +491,10 @@ def _probe_info(job: Job, status: str) -> dict:
                       "skipped_steps": job.config.run.steps - n if status == "pruned" else 0}}
 
 
-def _sampler(cfg: SweepConfig) -> optuna.samplers.BaseSampler:
+def _sampler(cfg: SweepConfig, lines: Callable[[], list] = list) -> optuna.samplers.BaseSampler:
+    if cfg.sampler.kind == "guided":  # the planner's picks in turn with TPE (orchestrator/guided.py)
+        return guided.sampler_for(cfg, _sampler(dataclasses.replace(cfg, sampler=dataclasses.replace(
+            cfg.sampler, kind="tpe"))), lines, log.info)
     s, conditional = cfg.sampler, any(p.when or p.type == "layer_split" for p in cfg.space.params)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

@@ -1,0 +1,279 @@
+"""A measured landscape: every config of a sweep's space, each run k times for real, in interleaved order.
+
+    PYTHONPATH=. .venv/bin/python bench/landscape.py [--config search_spaces/default.yaml] [--repeats 3]
+        [--buckets 0.05,0.5,5] [--limit N] [--out bench/results/landscape_default.json]
+
+Each run goes through the sweep's own path: ``backends.TrainerConfigs`` builds the trainer config from the
+space's params, ``backends.RayRunner`` runs it on the warm Ray worker group (one actor per rank, gloo),
+``parity.compare`` judges it against the baseline's first run. Rounds are round-robin over the configs, in
+a new shuffled order each round, so slow drift of a shared machine spreads over all configs instead of
+following one. Every run is appended (fsynced) to ``<out>.samples.jsonl`` as it lands; a rerun resumes
+there and measures only what is missing. The JSON (configs, samples, medians, memory, parity, machine,
+date) is rewritten after every round.
+
+A continuous param (the default space's ``data_parallel.bucket_mb``) cannot be enumerated: it takes the
+``--buckets`` values (default 0.05, 0.5, 5 MB: the range's ends and its geometric middle), written into the
+file under ``discretised``. The replay (bench/replay.py) snaps a sampler's float to the nearest of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from orchestrator import backends, parity  # noqa: E402
+from orchestrator.config import SweepConfig, load_sweep  # noqa: E402
+from orchestrator.space import enumerate_space  # noqa: E402
+
+BUCKET = "data_parallel.bucket_mb"
+
+
+def key_of(params: dict[str, Any]) -> str:
+    """One config's identity in the landscape: its params as sorted JSON."""
+    return json.dumps(params, sort_keys=True)
+
+
+def landscape_configs(cfg: SweepConfig, configs: backends.TrainerConfigs, buckets: list[float]
+                      ) -> list[dict[str, Any]]:
+    """Every params set of the space, float params replaced by ``buckets`` (each low end becomes all of them)."""
+    floats = [p.name for p in cfg.space.params if p.type == "float"]
+    if floats and floats != [BUCKET]:
+        raise ValueError(f"space: float params {floats}: only {BUCKET} has a discretisation (--buckets)")
+    out, seen = [], set()
+    for params, _ in enumerate_space(cfg.space, configs.fixed, configs.split_context):
+        variants = [params]
+        if BUCKET in params:
+            if params[BUCKET] != cfg.space.get(BUCKET).low:
+                continue  # enumerate_space gives each float's two ends; the low end stands for all values
+            variants = [{**params, BUCKET: b} for b in buckets]
+        for v in variants:
+            if key_of(v) not in seen:
+                seen.add(key_of(v))
+                out.append(v)
+    return out
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"host": platform.node(), "cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "platform": platform.platform()}
+
+
+class Measurer:
+    """Runs trainer configs on the sweep's Ray runner; judges parity against the baseline's first run."""
+
+    def __init__(self, cfg: SweepConfig, configs: backends.TrainerConfigs):
+        self.configs, self.cfg = configs, cfg
+        self.runner = backends.RayRunner(cfg, configs, log=lambda m: print(m, flush=True))
+        self.reference: dict | None = None
+
+    def run(self, params: dict[str, Any]) -> dict[str, Any]:
+        config = self.configs.build(self.configs.overrides_for(self.cfg.space, params))
+        load = os.getloadavg()[0]
+        self.runner.submit(0, config)
+        done: list = []
+        while not done:
+            done = self.runner.poll(timeout_s=1.0)
+        out = done[0][1]
+        sample: dict[str, Any] = {"status": out.status, "reason": out.reason, "wall_s": out.wall_s,
+                                  "load_1min": load, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        if out.result is not None:
+            s = out.result.summary
+            sample.update(step_time_s=s.step_time_s, step_time_min_s=s.step_time_min_s,
+                          peak_memory_bytes=s.peak_memory_bytes,
+                          phases={k: v["max"] for k, v in out.result.phases.items()})
+            if self.reference is None:
+                self.reference = parity.reference_from_result(out.result)
+            verdict = parity.compare(self.reference, out.result)
+            sample["parity"] = {"passed": verdict["passed"], "first_fail_metric": verdict["first_fail_metric"],
+                                "first_fail_step": verdict["first_fail_step"],
+                                "max_loss_rel_diff": verdict["max_loss_rel_diff"]}
+        return sample
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def summarise(key: str, params: dict, samples: list[dict]) -> dict[str, Any]:
+    ok = [s for s in samples if s["status"] == "ok"]
+    times = [s["step_time_s"] for s in ok]
+    failed_parity = [s for s in ok if not s["parity"]["passed"]]
+    status = ("infeasible" if failed_parity else "ok") if ok else (samples[0]["status"] if samples else "missing")
+    return {
+        "key": key, "params": params, "status": status,
+        "step_time_samples_s": times, "step_time_min_samples_s": [s["step_time_min_s"] for s in ok],
+        "median_s": statistics.median(times) if times else None,
+        "spread_rel": (max(times) - min(times)) / statistics.median(times) if len(times) > 1 else None,
+        "peak_memory_bytes": max((s["peak_memory_bytes"] for s in ok), default=None),
+        "phases_samples_s": [s["phases"] for s in ok],
+        "phases_median_s": {p: statistics.median(s["phases"][p] for s in ok) for p in (ok[0]["phases"] if ok else {})},
+        "parity": failed_parity[0]["parity"] if failed_parity else (ok[0]["parity"] if ok else None),
+        "failures": [{"status": s["status"], "reason": s["reason"]} for s in samples if s["status"] != "ok"],
+        "load_1min": [s["load_1min"] for s in samples],
+    }
+
+
+def write(out: Path, header: dict, params_list: list[dict], samples: dict[str, list[dict]]) -> dict:
+    rows = [summarise(key_of(p), p, samples.get(key_of(p), [])) for p in params_list]
+    usable = [r for r in rows if r["status"] == "ok" and r["median_s"]]
+    best = min(usable, key=lambda r: r["median_s"], default=None)
+    ats = sorted(s["at"] for v in samples.values() for s in v)
+    doc = {**header, "written_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "first_run_at": ats[0] if ats else None, "last_run_at": ats[-1] if ats else None,
+           "n_configs": len(rows), "n_measured": sum(bool(samples.get(r["key"])) for r in rows),
+           "true_best": {"key": best["key"], "median_s": best["median_s"]} if best else None, "configs": rows}
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(out)
+    out.with_suffix(".md").write_text(summary_md(doc, out.name))
+    return doc
+
+
+def summary_md(doc: dict, name: str, top: int = 15) -> str:
+    """The landscape in a page: what was measured, how noisy, the fastest configs by median."""
+    rows = doc["configs"]
+    usable = sorted((r for r in rows if r["status"] == "ok" and r["median_s"]), key=lambda r: r["median_s"])
+    n_samples = [len(r["step_time_samples_s"]) for r in rows]
+    spreads = [r["spread_rel"] for r in usable if r["spread_rel"] is not None]
+    loads = [x for r in rows for x in r["load_1min"]]
+    m = doc["machine"]
+    best = usable[0]["median_s"] if usable else None
+    lines = [
+        f"# Measured landscape: the {doc['space']} space", "",
+        f"Command: `{doc['command']}` (resumes from `{Path(name).stem}.samples.jsonl`).", "",
+        f"Machine: {m['cpu']}, {m['cpus']} CPUs, torch {m['torch']}, Python {m['python']}; runs from "
+        f"{doc['first_run_at']} to {doc['last_run_at']} (UTC); 1-minute load average during the runs: median "
+        f"{statistics.median(loads):.1f}, max {max(loads):.1f} (other jobs shared the machine)." if loads else "", "",
+        f"Configs: {doc['n_configs']} ({doc['discretised']} discretised); measured: {doc['n_measured']}; runs per "
+        f"config: {min(n_samples)}-{max(n_samples)} (asked: {doc['repeats']}); usable (ran, parity passed): "
+        f"{len(usable)}; other: {sum(r['status'] not in ('ok', 'missing') for r in rows)}; not measured: "
+        f"{sum(r['status'] == 'missing' for r in rows)}.", "",
+        f"Runs taken while the 1-minute load average exceeded the CPU count: "
+        f"{sum(x > (m['cpus'] or 1) for x in loads)} of {len(loads)}. To measure afresh (a quieter machine), move "
+        f"`{Path(name).stem}.samples.jsonl` away first: the command resumes from it.", "",
+        f"Noise: (max - min) / median of a config's runs: median {100 * statistics.median(spreads):.0f}%, "
+        f"max {100 * max(spreads):.0f}% over {len(spreads)} configs with 2+ runs." if spreads else
+        "Noise: no config has 2 runs yet.", "",
+        f"| rank | median (ms) | vs best | runs (ms) | peak mem (MiB) | parity | params |", "|---:|---:|---:|---|---:|---|---|",
+    ]
+    for i, r in enumerate(usable[:top], 1):
+        runs = ", ".join(f"{t * 1e3:.1f}" for t in r["step_time_samples_s"])
+        lines.append(f"| {i} | {r['median_s'] * 1e3:.1f} | {r['median_s'] / best - 1:+.1%} | {runs} | "
+                     f"{(r['peak_memory_bytes'] or 0) / 2**20:.1f} | {'pass' if r['parity']['passed'] else 'FAIL'} | "
+                     f"`{json.dumps(r['params'])}` |")
+    base = next((r for r in rows if r["key"] == doc["baseline_key"]), None)
+    if base and base["median_s"]:
+        lines += ["", f"Baseline: median {base['median_s'] * 1e3:.1f} ms ({base['median_s'] / best:.2f}x the best)."]
+    return "\n".join(lines) + "\n"
+
+
+def _append(log: Path, rec: dict) -> None:
+    with open(log, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(ROOT / "search_spaces/default.yaml"))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--buckets", default="0.05,0.5,5", help="values of data_parallel.bucket_mb (MB)")
+    ap.add_argument("--limit", type=int, help="measure only this many configs (evenly spread; for trying it out)")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the per-round shuffle")
+    ap.add_argument("--out", default=str(ROOT / "bench/results/landscape_default.json"))
+    ap.add_argument("--compile-only", action="store_true", help="write the JSON from the samples so far; run nothing")
+    args = ap.parse_args(argv)
+    if args.repeats < 1:
+        raise SystemExit("--repeats: need at least 1")
+    buckets = [float(b) for b in args.buckets.split(",")]
+    cfg = load_sweep(args.config, [f"ray.temp_dir=/tmp/steptune-ray-landscape-{os.getpid()}"], check=False)
+    configs = backends.configs_for(cfg)
+    params_list = landscape_configs(cfg, configs, buckets)
+    base_params = configs.baseline_params(cfg.space)
+    if args.limit:
+        step = max(1, len(params_list) // args.limit)
+        params_list = params_list[::step][: args.limit]
+    params_list = [base_params] + [p for p in params_list if key_of(p) != key_of(base_params)]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log = out.with_name(out.stem + ".samples.jsonl")
+    samples: dict[str, list[dict]] = {}
+    if log.exists():
+        for line in log.read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                samples.setdefault(rec["key"], []).append(rec)
+    header = {"space": cfg.name, "source": str(Path(args.config).resolve().relative_to(ROOT))
+              if Path(args.config).resolve().is_relative_to(ROOT) else args.config,
+              "command": "PYTHONPATH=. .venv/bin/python bench/landscape.py "
+              + " ".join(a for a in (argv or sys.argv[1:]) if a != "--compile-only"),
+              "repeats": args.repeats, "discretised": {BUCKET: buckets}, "baseline_key": key_of(base_params),
+              "machine": machine(), "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "trainer": cfg.trainer, "world_size": cfg.resources.world_size,
+              "note": "step_time_s per sample: median over measured updates of the slowest rank (trainer summary)"}
+    total = len(params_list) * args.repeats
+    have = sum(min(len({r["round"] for r in samples.get(key_of(p), [])}), args.repeats) for p in params_list)
+    print(f"{len(params_list)} configs x {args.repeats} repeats = {total} runs; {have} already in {log}", flush=True)
+    if args.compile_only:
+        doc = write(out, header, params_list, samples)
+        print(f"wrote {out}: {doc['n_measured']} configs measured; true best {doc['true_best']}")
+        return
+    meas = Measurer(cfg, configs)
+    t0, done = time.perf_counter(), 0
+    try:
+        # The baseline's first run is the parity reference, so it always runs first (also on resume).
+        if samples.get(key_of(base_params)):
+            meas.run(base_params)  # on resume: a fresh reference run, not stored
+        for rnd in range(args.repeats):
+            order = list(params_list)
+            random.Random(args.seed * 1000 + rnd).shuffle(order)
+            if rnd == 0 and not samples.get(key_of(base_params)):
+                order.remove(base_params)
+                order.insert(0, base_params)
+            for p in order:
+                k = key_of(p)
+                if any(r.get("round", i) == rnd for i, r in enumerate(samples.get(k, []))):
+                    continue
+                rec = {"key": k, "round": rnd, **meas.run(p)}
+                if rec["status"] in ("failed", "timeout"):  # a lost rank on a shared machine: once more
+                    print(f"  {rec['status']}: {rec['reason'][:120]}; running it once more", flush=True)
+                    _append(log, rec)
+                    rec = {"key": k, "round": rnd, "retry": True, **meas.run(p)}
+                _append(log, rec)
+                samples.setdefault(k, []).append(rec)
+                done += 1
+                rate = (time.perf_counter() - t0) / done
+                st = f"{rec['step_time_s'] * 1e3:.1f} ms" if rec.get("step_time_s") else rec["status"]
+                print(f"[{have + done}/{total}] round {rnd} {st} load {rec['load_1min']:.1f} "
+                      f"(~{rate * (total - have - done) / 60:.0f} min left)", flush=True)
+            write(out, header, params_list, samples)
+    finally:
+        meas.close()
+    doc = write(out, header, params_list, samples)
+    print(f"wrote {out}: {doc['n_measured']} configs measured; true best {doc['true_best']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,368 @@
+"""Samplers replayed against a measured landscape (bench/landscape.py): trials to reach the true best.
+
+    PYTHONPATH=. .venv/bin/python bench/replay.py [--landscape bench/results/landscape_default.json]
+        [--seeds 50] [--cap 60] [--random-cap 200] [--budget 20] [--out bench/results/replay_default.md]
+
+Each "trial" of a replayed sweep asks the sampler for params exactly as a sweep does (``space.suggest`` on
+an Optuna trial, the baseline enqueued as trial 0), snaps a float param to the nearest measured value, and
+draws one of that config's stored step-time samples (``random.Random(seed)``): the replay sees the real
+noise, not the median. A proposal with the same params as an earlier trial costs no run (the sweep reuses
+the measurement); a config that failed parity or did not run is told as the sweep tells it (constraints).
+A config a partial landscape has no run of is skipped like a pre-filtered one: a trial, but no run.
+
+Per strategy and seed: the runs until a config whose true median is within 2% (5%) of the true best (the
+best median of the landscape) was measured, up to a cap; and, for a sweep of ``--budget`` trials, whether
+the declared winner is truly within 2%, with and without the noise-aware winner rule (``declare``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import random
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import optuna
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from orchestrator import backends, guided, winner  # noqa: E402
+from orchestrator.config import SweepConfig, load_sweep  # noqa: E402
+from orchestrator.space import suggest  # noqa: E402
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+STRATEGIES = ("random", "tpe", "gp", "tpe_warm", "guided")
+
+
+@dataclasses.dataclass
+class Landscape:
+    doc: dict
+    cfg: SweepConfig
+    configs: Any
+    rows: dict[str, dict]
+    """key -> the landscape's row for that config."""
+    floats: dict[str, list[float]]
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Landscape":
+        return cls.from_doc(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def from_doc(cls, doc: dict) -> "Landscape":
+        cfg = load_sweep(ROOT / doc["source"], check=False)
+        rows = {r["key"]: r for r in doc["configs"]}
+        return cls(doc, cfg, backends.configs_for(cfg), rows, doc.get("discretised", {}))
+
+    @property
+    def best_s(self) -> float:
+        return min(r["median_s"] for r in self.rows.values() if self.usable(r))
+
+    @staticmethod
+    def usable(row: dict) -> bool:
+        return row["status"] == "ok" and bool(row["step_time_samples_s"])
+
+    def within(self, key: str, frac: float) -> bool:
+        r = self.rows.get(key)
+        return r is not None and self.usable(r) and r["median_s"] <= self.best_s * (1 + frac)
+
+    def key(self, params: dict) -> str:
+        out = dict(params)
+        for name, values in self.floats.items():
+            if name in out:
+                out[name] = min(values, key=lambda v: abs(math.log(v) - math.log(out[name])))
+        return guided.key_of(out)
+
+
+@dataclasses.dataclass
+class SeedResult:
+    strategy: str
+    seed: int
+    reach: dict[float, int | None]
+    """Within fraction -> runs (baseline included) until such a config was measured; None: not within the cap."""
+    winner_best_sample: bool
+    """Budgeted sweep, winner = the fastest single sample: truly within 2%?"""
+    winner_noise_aware: bool
+    """The same with ``declare``'s rule (medians, re-measuring an overlapping top 3)."""
+    extra_runs: int
+    """Re-measurements ``declare`` added."""
+    planner_err: list[float]
+    """|error| % of the planner's prediction per run (guided strategies only)."""
+
+
+def make_sampler(strategy: str, land: Landscape, seed: int, lines: Callable[[], list],
+                 ranking: guided.PlannerRanking | None) -> optuna.samplers.BaseSampler:
+    from orchestrator.sweep import _sampler
+
+    cfg = dataclasses.replace(land.cfg, sampler=dataclasses.replace(land.cfg.sampler, kind="tpe", seed=seed))
+    tpe = _sampler(cfg)  # TPE exactly as the sweep file configures it
+    if strategy == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if strategy == "tpe":
+        return tpe
+    if strategy == "gp":
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=cfg.sampler.n_startup_trials,
+                                         warn_independent_sampling=False)
+    assert ranking is not None
+    fresh = ranking.fresh()
+    s = cfg.sampler
+    if strategy == "tpe_warm":
+        return guided.GuidedSampler(fresh, tpe, lines, n_first=s.guided_first, every=0, refit=False)
+    return guided.GuidedSampler(fresh, tpe, lines, n_first=s.guided_first, every=s.guided_every)
+
+
+def replay(strategy: str, land: Landscape, seed: int, cap: int, budget: int,
+           ranking: guided.PlannerRanking | None = None, fracs: tuple[float, ...] = (0.02, 0.05)) -> SeedResult:
+    """One replayed sweep: runs until a config within max(fracs) and the budget are both done, or ``cap``."""
+    rng = random.Random(seed)
+    lines: list[dict] = []
+    sampler = make_sampler(strategy, land, seed, lambda: lines, ranking)
+    study = optuna.create_study(direction="minimize", sampler=sampler)
+    cfg, configs = land.cfg, land.configs
+    base_params = configs.baseline_params(cfg.space)
+    study.enqueue_trial(base_params)
+    base_row = land.rows[land.key(base_params)]
+    base_s = base_row["median_s"]
+    samples: dict[str, list[float]] = {}  # what this sweep measured, per config
+    history: list[str] = []  # config key per run
+    reach: dict[float, int | None] = {f: None for f in fracs}
+    seen: dict[str, float] = {}
+    errs: list[float] = []
+    n_trials = 0
+    while n_trials < cap and (n_trials < budget or any(v is None for v in reach.values())):
+        trial = study.ask()
+        n_trials += 1
+        params, _ = suggest(trial, cfg.space, configs.fixed, configs.split_context)
+        exact = guided.key_of(params)
+        key = land.key(params)
+        row = land.rows.get(key)
+        if exact in seen:  # the sweep reuses a repeated proposal's measurement: no run
+            _tell(study, trial, seen[exact], row)
+            continue
+        if row is None or row["status"] == "missing":
+            # Not in the landscape (a partial one): skipped like a pre-filtered config, a trial but no run.
+            seen[exact] = 10.0 * base_s
+            _tell(study, trial, seen[exact], None)
+            continue
+        if not row["step_time_samples_s"]:  # measured, failed: a run told as the sweep tells a crash
+            value = 10.0 * base_s
+        else:
+            i = rng.randrange(len(row["step_time_samples_s"]))
+            value = row["step_time_samples_s"][i]
+            if isinstance(sampler, guided.GuidedSampler):
+                pred = guided.planner_fields(sampler, params, {"step_time_s": value}, trial.number)["planner"]
+                if pred.get("error_pct") is not None:
+                    errs.append(abs(pred["error_pct"]))
+            lines.append(_line(land, trial.number, params, row, i))
+            if Landscape.usable(row):
+                samples.setdefault(key, []).append(value)
+        seen[exact] = value
+        history.append(key)
+        _tell(study, trial, value, row)
+        for f in fracs:
+            if reach[f] is None and land.within(key, f):
+                reach[f] = len(history)
+        if len(history) == budget:
+            first = {k: list(v) for k, v in samples.items()}
+    if len(history) < budget:
+        first = samples
+    best_single = min(first, key=lambda k: min(first[k]))
+    declared, extra = declare(first, land, rng)
+    return SeedResult(strategy, seed, reach, land.within(best_single, 0.02), land.within(declared, 0.02), extra, errs)
+
+
+def declare(samples: dict[str, list[float]], land: Landscape, rng: random.Random) -> tuple[str, int]:
+    """The noise-aware winner (``orchestrator.winner``): re-measure while the rule asks, then the lowest
+    median. Returns (winner key, re-measurements)."""
+    s = {k: list(v) for k, v in samples.items()}
+    extra = 0
+    while todo := winner.to_remeasure(s):
+        for k in todo:
+            runs = land.rows[k]["step_time_samples_s"]
+            s[k].append(runs[rng.randrange(len(runs))])
+            extra += 1
+    return winner.leader(s), extra
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, value: float, row: dict | None) -> None:
+    ok = row is not None and row["status"] in ("ok", "infeasible")
+    trial.set_constraint("crash", 0.0 if ok else 1.0)
+    trial.set_constraint("parity", 1.0 if row is not None and row["status"] == "infeasible" else 0.0)
+    trial.set_constraint("memory", 0.0)
+    study.tell(trial, value)
+
+
+_CONFIGS: dict[str, dict] = {}
+
+
+def _line(land: Landscape, number: int, params: dict, row: dict, i: int) -> dict:
+    """A ledger-like line of one drawn sample (what calibration.ledger_records reads)."""
+    if row["key"] not in _CONFIGS:
+        _CONFIGS[row["key"]] = land.configs.build(land.configs.overrides_for(land.cfg.space, row["params"])).to_dict()
+    phases = row.get("phases_samples_s") or [{}] * len(row["step_time_samples_s"])
+    return {"backend": "ray", "status": "ok" if row["status"] == "ok" else row["status"], "trial": number,
+            "config": _CONFIGS[row["key"]],
+            "result": {"summary": {"step_time_s": row["step_time_samples_s"][i]},
+                       "phases": {p: {"max": v} for p, v in phases[i].items()}}}
+
+
+def synthetic(efficiency: Any, source: str = "search_spaces/default.yaml", noise_rel: float = 0.03,
+              repeats: int = 3, seed: int = 0) -> dict:
+    """A landscape document drawn from the planner itself with ``efficiency`` as the truth: each config's runs
+    are its prediction times lognormal noise (``noise_rel``); phases from the prediction's breakdown. Configs the
+    planner cannot model get 1.5 x the median prediction. For tests: the parameters behind it are known."""
+    from orchestrator.calibration import DEFAULT_CLUSTER
+    from orchestrator.planner import predict
+    from orchestrator.prefilter import load_cluster
+
+    cfg = load_sweep(ROOT / source, check=False)
+    configs = backends.configs_for(cfg)
+    cluster, _ = load_cluster(ROOT / DEFAULT_CLUSTER)
+    ranking = guided.PlannerRanking(cfg.space, configs, cluster, efficiency)
+    pred = ranking.predictions()
+    fallback = 1.5 * statistics.median(pred.values())
+    rng = np.random.default_rng(seed)
+    rows = []
+    for params in ranking.candidates:
+        k = guided.key_of(params)
+        plan = ranking.plans.get(k)
+        if plan is not None:
+            p = predict(dataclasses.replace(plan, efficiency=efficiency))
+            phases = {"forward": p.forward_s, "backward": p.backward_s + p.recompute_s, "optimizer": p.optimizer_s,
+                      "dp_comm_wait": p.dp_exposed_s, "pipeline_idle": p.pp_bubble_s + p.pp_p2p_s}
+        else:
+            phases = {}
+        noise = np.exp(rng.normal(0.0, noise_rel, repeats))
+        times = [float(pred.get(k, fallback) * n) for n in noise]
+        rows.append({"key": k, "params": params, "status": "ok", "step_time_samples_s": times,
+                     "phases_samples_s": [{ph: v * n for ph, v in phases.items()} for n in noise],
+                     "median_s": statistics.median(times), "spread_rel": (max(times) - min(times)) / min(times)})
+    return {"space": cfg.name, "source": source, "repeats": repeats, "started_at": "synthetic",
+            "discretised": {p.name: guided.float_values(p) for p in cfg.space.params if p.type == "float"},
+            "machine": {"cpu": "synthetic (the planner)", "cpus": 0}, "configs": rows}
+
+
+def ranking_for(land: Landscape) -> guided.PlannerRanking | None:
+    from orchestrator.calibration import DEFAULT_CLUSTER
+    from orchestrator.prefilter import load_cluster
+
+    cluster, eff = load_cluster(ROOT / DEFAULT_CLUSTER)
+    n = len(next(iter(land.floats.values()), [0, 0, 0]))
+    return guided.PlannerRanking(land.cfg.space, land.configs, cluster, eff, n_float=n)
+
+
+def pct(values: list[int | None], q: float, cap: int) -> str:
+    vals = [v if v is not None else cap + 1 for v in values]
+    x = float(np.percentile(vals, q, method="inverted_cdf"))
+    return f">{cap}" if x > cap else f"{x:.0f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    from results_file import write_and_print
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--landscape", default=str(ROOT / "bench/results/landscape_default.json"))
+    ap.add_argument("--seeds", type=int, default=50)
+    ap.add_argument("--cap", type=int, default=60, help="most runs per replayed sweep (random: --random-cap)")
+    ap.add_argument("--random-cap", type=int, default=200)
+    ap.add_argument("--gp-cap", type=int, default=40, help="GP: ~1 s per trial on 2 CPUs, so a lower cap")
+    ap.add_argument("--gp-seeds", type=int, help="seeds for GP (default: --seeds)")
+    ap.add_argument("--budget", type=int, default=20, help="trials of the sweep whose winner is judged")
+    ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--out", default=str(ROOT / "bench/results/replay_default.md"))
+    args = ap.parse_args(argv)
+    land = Landscape.load(args.landscape)
+    ranking = ranking_for(land)
+    results: dict[str, list[SeedResult]] = {}
+    t0 = time.perf_counter()
+    cache = Path(args.out).with_suffix(".json")  # results per strategy: another run may add strategies
+    for strategy in args.strategies.split(","):
+        cap = _cap(strategy, args)
+        t = time.perf_counter()
+        seeds = args.gp_seeds if strategy == "gp" and args.gp_seeds else args.seeds
+        results[strategy] = [replay(strategy, land, seed, cap, args.budget, ranking) for seed in range(seeds)]
+        print(f"{strategy}: {time.perf_counter() - t:.0f} s", flush=True)
+    done = json.loads(cache.read_text()) if cache.exists() else {}
+    if done.get("landscape") != land.doc.get("last_run_at"):
+        done = {}  # results of another landscape
+    done.setdefault("strategies", {}).update(
+        {k: {"args": vars(args), "seeds": [dataclasses.asdict(r) for r in v]} for k, v in results.items()})
+    done["landscape"] = land.doc.get("last_run_at")
+    cache.write_text(json.dumps(done, indent=1))
+    every = {k: [SeedResult(**{**r, "reach": {float(f): n for f, n in r["reach"].items()}}) for r in v["seeds"]]
+             for k, v in done["strategies"].items()}
+    every = {k: every[k] for k in STRATEGIES if k in every}
+    per_args = {k: argparse.Namespace(**done["strategies"][k]["args"]) for k in every}
+    write_and_print(table(every, per_args, land, ranking, time.perf_counter() - t0, args), args.out)
+
+
+def _cap(strategy: str, args: Any) -> int:
+    return {"random": args.random_cap, "gp": args.gp_cap}.get(strategy, args.cap)
+
+
+def _command(a: Any) -> str:
+    return (f"PYTHONPATH=. .venv/bin/python bench/replay.py --seeds {a.seeds} --cap {a.cap} --random-cap "
+            f"{a.random_cap} --gp-cap {a.gp_cap} --budget {a.budget}" + (f" --gp-seeds {a.gp_seeds}" if a.gp_seeds
+                                                                         else "") + f" --strategies {a.strategies}")
+
+
+def table(results: dict[str, list[SeedResult]], per_args: dict[str, Any], land: Landscape, ranking: Any,
+          wall: float, args: Any) -> str:
+    usable = [r for r in land.rows.values() if Landscape.usable(r)]
+    n2 = sum(land.within(r["key"], 0.02) for r in usable)
+    n5 = sum(land.within(r["key"], 0.05) for r in usable)
+    spreads = [r["spread_rel"] for r in usable if r.get("spread_rel") is not None]
+    best = min(usable, key=lambda r: r["median_s"])
+    n_runs = [len(r["step_time_samples_s"]) for r in usable]
+    m = land.doc["machine"]
+    lines = [
+        "# Samplers replayed against the measured landscape", "",
+        "Commands (each adds its strategies to the table; results per strategy in "
+        f"`{Path(args.out).with_suffix('.json').name}`):", "",
+        *sorted({f"    {_command(a)}" for a in per_args.values()}), "",
+        f"(this invocation: {wall:.0f} s)", "",
+        f"Landscape: `{Path(args.landscape).name}` ({land.doc['space']} space, {len(land.rows)} configs, "
+        f"{len(usable)} of them measured and usable, {min(n_runs)}-{max(n_runs)} runs each (asked: "
+        f"{land.doc['repeats']}), measured {str(land.doc.get('first_run_at') or land.doc['started_at'])[:16]} to "
+        f"{str(land.doc.get('last_run_at') or '')[:16]} UTC on {m['cpu']}, {m['cpus']} CPUs, "
+        f"shared with other jobs); {land.doc['discretised']} discretised. True best: median "
+        f"{best['median_s'] * 1e3:.1f} ms, `{best['key']}`. Configs within 2% of it: {n2}; within 5%: {n5} "
+        f"(of {len(usable)} usable). " + (f"Median spread (max - min) / median of a config's runs: "
+                                          f"{100 * statistics.median(spreads):.0f}%." if spreads else
+                                          "No config has 2 runs: each replayed trial of a config draws the same "
+                                          "value, so this replay carries no run-to-run noise."), "",
+        "Runs count real runs, the baseline included; a repeated proposal, or a config the landscape lacks, costs "
+        "none. Caps (trials) as in the commands; a seed that did not get there counts as cap + 1.", "",
+        f"| strategy (seeds) | runs to 2%: median | p90 | runs to 5%: median | p90 | winner within 2% after "
+        f"{args.budget} "
+        f"trials: fastest sample | noise-aware rule | its extra runs (mean) | planner abs error, first 5 runs -> "
+        f"last 5 (median %) |", "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, rs in results.items():
+        cap = _cap(name, per_args[name])
+        r2, r5 = [r.reach[0.02] for r in rs], [r.reach[0.05] for r in rs]
+        errs = [r.planner_err for r in rs if r.planner_err]
+        trend = (f"{statistics.median(e for r in errs for e in r[:5]):.0f} -> "
+                 f"{statistics.median(e for r in errs for e in r[-5:]):.0f}") if errs else "-"
+        lines.append(f"| {name} ({len(rs)}) | {pct(r2, 50, cap)} | {pct(r2, 90, cap)} | {pct(r5, 50, cap)} | {pct(r5, 90, cap)} | "
+                     f"{100 * np.mean([r.winner_best_sample for r in rs]):.0f}% | "
+                     f"{100 * np.mean([r.winner_noise_aware for r in rs]):.0f}% | "
+                     f"{np.mean([r.extra_runs for r in rs]):.1f} | {trend} |")
+    lines += ["", f"The planner does not model {len(ranking.not_modelled)} of "
+              f"{len(ranking.candidates)} configs (unequal interleaved chunks per rank); guided search leaves "
+              f"those to TPE.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""bench/replay.py: a replay is a function of its seed; the noise-aware winner rule."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import replay as R  # noqa: E402
+
+from orchestrator import winner  # noqa: E402
+from orchestrator.prefilter import load_cluster  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def world():
+    _, prior = load_cluster(ROOT / "search_spaces/clusters/cpu-local.yaml")
+    truth = dataclasses.replace(prior, matmul_eff=0.15, op_overhead_us=600.0)
+    land = R.Landscape.from_doc(R.synthetic(truth, noise_rel=0.05, seed=2))
+    return land, R.ranking_for(land)
+
+
+@pytest.mark.parametrize("strategy", ["random", "tpe", "guided"])
+def test_replay_is_deterministic_for_a_seed(world, strategy):
+    land, ranking = world
+    a = R.replay(strategy, land, 7, cap=20, budget=10, ranking=ranking)
+    b = R.replay(strategy, land, 7, cap=20, budget=10, ranking=ranking)
+    assert a == b
+    others = [R.replay(strategy, land, s, cap=20, budget=10, ranking=ranking) for s in (8, 9)]
+    assert any(o.reach != a.reach or o.planner_err != a.planner_err or o.extra_runs != a.extra_runs
+               for o in others)  # the seed matters
+
+
+def test_noise_aware_rule_remeasures_an_overlapping_top_and_drops_a_lucky_sample():
+    rows = {"lucky": {"step_time_samples_s": [0.130, 0.130, 0.130]},  # one 80 ms sample came in by luck
+            "steady": {"step_time_samples_s": [0.089, 0.090, 0.091]},
+            "slow": {"step_time_samples_s": [0.200, 0.200, 0.200]}}
+    land = SimpleNamespace(rows=rows)
+    seen = {"lucky": [0.080], "steady": [0.090], "slow": [0.200]}
+    assert min(seen, key=lambda k: min(seen[k])) == "lucky"
+    declared, extra = R.declare(seen, land, random.Random(0))
+    assert declared == "steady"
+    assert 0 < extra <= winner.TOP_K * (winner.MIN_RUNS - 1)
+    # Separated intervals: nothing to re-measure.
+    assert R.declare({"a": [0.1, 0.1], "b": [0.2, 0.2]}, SimpleNamespace(rows={}), random.Random(0)) == ("a", 0)
+
+
+def test_the_sweep_summary_reports_the_same_rule_from_a_ledger():
+    def line(trial, kind, params, t):
+        return {"trial": trial, "kind": kind, "status": "ok", "params": params, "metrics": {"step_time_s": t}}
+
+    a, b = {"mbs": 8}, {"mbs": 4}
+    recs = [line(0, "baseline", {"mbs": 1}, 0.3), line(1, "trial", a, 0.08), line(2, "trial", b, 0.09)]
+    w = winner.summary(recs)
+    assert (w["trial"], w["remeasure_trials"]) == (1, [1, 2])  # one run each: cannot be told apart yet
+    recs += [line(1, "confirm", a, 0.13), line(1, "confirm", a, 0.12), line(2, "confirm", b, 0.091),
+             line(2, "confirm", b, 0.089)]
+    w = winner.summary(recs)
+    assert (w["trial"], w["runs"], w["remeasure_trials"]) == (2, 3, [])  # medians 0.09 vs 0.12, apart
+    assert "trial 2" in winner.summary_text(w)
