@@ -17,6 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from orchestrator.record import TrialRecord, load_records
+
 KINDS = ("baseline", "trial", "confirm", "canonical")
 """canonical: the reference run of the baseline's maths in the simplest layout (orchestrator.trust)."""
 STATUSES = ("ok", "failed", "oom", "timeout", "nan", "infeasible", "pruned", "skipped")
@@ -49,16 +51,25 @@ class Ledger:
             f.flush()
             yield
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, record: TrialRecord) -> None:
+        """Write ``record.to_line()``, flushed and fsynced before this returns."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._set_aside_torn_tail()
-        line = json.dumps(record, sort_keys=False, default=_jsonable) + "\n"
+        line = json.dumps(record.to_line(), sort_keys=False, default=_jsonable) + "\n"
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
 
-    def read(self) -> list[dict[str, Any]]:
+    def read(self) -> list[TrialRecord]:
+        """The ledger's records (``TrialRecord.from_line``; any schema); a line that does not load names why."""
+        try:
+            return load_records(self.lines())
+        except ValueError as e:
+            raise ValueError(f"{self.path}: {e}") from None
+
+    def lines(self) -> list[dict[str, Any]]:
+        """The raw JSON lines, as written (a torn last line skipped): for tools that look at the file itself."""
         if not self.path.exists():
             return []
         out = []
@@ -105,6 +116,11 @@ def record(*, sweep: str, trial: int, kind: str, backend: str, params: dict, con
 
 def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+
+
+def read_records(path: Path) -> list[TrialRecord]:
+    """The records of ``results/<sweep>/trials.jsonl`` (``Ledger(path).read()``)."""
+    return Ledger(Path(path)).read()
 
 
 def _jsonable(obj: Any) -> Any:

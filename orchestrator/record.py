@@ -29,10 +29,8 @@ import enum
 import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from orchestrator.ledger import Ledger
 from orchestrator.parity import Tolerance
 from trainer.mapping import flatten
 from trainer.result import Result, Summary
@@ -47,6 +45,8 @@ class Kind(enum.StrEnum):
     BASELINE = "baseline"
     TRIAL = "trial"
     CONFIRM = "confirm"
+    CANONICAL = "canonical"
+    """The reference run of the baseline's maths in its simplest layout (orchestrator.trust); not a trial."""
 
 
 class Status(enum.StrEnum):
@@ -217,7 +217,8 @@ class TrialRecord:
     trial: int
     """The Optuna trial number; a confirm run carries the number of the trial it repeats."""
     kind: Kind
-    """baseline (the reference every trial is measured against), trial, or confirm (a repeat of a winner)."""
+    """baseline (the reference every trial is measured against), trial, confirm (a repeat of a winner), or
+    canonical (the reference run of the baseline's maths, orchestrator.trust)."""
     backend: str
     """Who produced the numbers: ``ray`` (measured) or ``model`` (the planner's prediction)."""
     params: dict[str, Any]
@@ -402,7 +403,7 @@ def _set(d: dict[str, Any], dotted: str, value: Any) -> None:
 # ---- a ledger file as records -----------------------------------------------------------------
 
 def load_records(lines: Iterable[Mapping[str, Any]]) -> list[TrialRecord]:
-    """Records from ledger lines (``Ledger.read()``); a line that does not load names its trial and why."""
+    """Records from ledger lines (``Ledger.lines()``); a line that does not load names its trial and why."""
     out = []
     for n, line in enumerate(lines, 1):
         try:
@@ -410,11 +411,6 @@ def load_records(lines: Iterable[Mapping[str, Any]]) -> list[TrialRecord]:
         except (ValueError, TypeError, KeyError) as e:
             raise ValueError(f"ledger line {n} (trial {line.get('trial', '?')}): {e}") from None
     return out
-
-
-def read_records(path: Path) -> list[TrialRecord]:
-    """The records of ``results/<sweep>/trials.jsonl`` (a torn last line skipped, as ``Ledger.read`` does)."""
-    return load_records(Ledger(Path(path)).read())
 
 
 def line_bytes(line: Mapping[str, Any]) -> int:

@@ -19,7 +19,7 @@ import pytest
 from orchestrator import ledger as L
 from orchestrator import records_query as Q
 from orchestrator.record import (SCHEMA_VERSION, Kind, Metrics, Probe, Status, TrialRecord, line_bytes,
-                                 load_records, read_records)
+                                 load_records)
 from trainer.result import Result
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "ledger_v0.jsonl"
@@ -27,7 +27,7 @@ FIXTURE = Path(__file__).parent.parent / "fixtures" / "ledger_v0.jsonl"
 
 @pytest.fixture(scope="module")
 def v0_lines() -> list[dict]:
-    return L.Ledger(FIXTURE).read()
+    return L.Ledger(FIXTURE).lines()
 
 
 @pytest.fixture()
@@ -104,7 +104,7 @@ def test_unknown_keys_are_kept_not_dropped(lines):
 
 
 @pytest.mark.parametrize("key,value,match", [
-    ("kind", "trail", r"TrialRecord.kind='trail': must be one of \['baseline', 'trial', 'confirm'\]"),
+    ("kind", "trail", r"TrialRecord.kind='trail': must be one of \['baseline', 'trial', 'confirm', 'canonical'\]"),
     ("status", "crashed", r"TrialRecord.status='crashed': must be one of \['ok', 'failed'"),
     ("trial", -1, r"TrialRecord.trial=-1"),
     ("meets_target", "yes", r"TrialRecord.meets_target='yes'"),
@@ -141,11 +141,11 @@ def test_written_through_the_ledger_and_read_back(lines, tmp_path):
     recs = load_records(lines)
     led = L.Ledger(tmp_path / "s" / "trials.jsonl")
     for r in recs:
-        led.append(r.to_line())
-    assert read_records(led.path) == recs
+        led.append(r)
+    assert L.read_records(led.path) == recs == led.read()
     mixed = tmp_path / "mixed.jsonl"  # a resumed v0 ledger gets v1 lines appended: both load
     mixed.write_text(FIXTURE.read_text() + (tmp_path / "s" / "trials.jsonl").read_text())
-    assert read_records(mixed) == recs + recs
+    assert L.read_records(mixed) == recs + recs
 
 
 def test_line_size_before_and_after(lines, capsys):
