@@ -87,14 +87,31 @@ class Sweep:
 
     def run(self) -> dict[str, Any]:
         t0 = time.perf_counter()
+        runner = self.start()
+        startup = time.perf_counter() - t0
+        log.info(f"sweep {self.cfg.name}: {self.backend.name} backend on {runner.where if runner else '-'}; "
+                 f"target {self.cfg.target.describe(self.baseline_s)}")
+        self.drive(runner, t0)
+        summary = report.summarize(self.records, self.cfg.target, self.cfg.confirm.repeats)
+        book = self.recorder.bookkeeping
+        summary.update(stopped_because=self.stop_reason or "the trial budget is spent", startup_s=startup,
+                       mlflow_ui=self.recorder.tracker.open_hint() if self.recorder.tracker else None,
+                       group_builds=runner.builds if runner else 0, sweep_wall_s=time.perf_counter() - t0,
+                       bookkeeping_median_s=statistics.median(book) if book else None)
+        self.recorder.track("finish_sweep", summary, self.study.study, report.table(self.records))
+        return summary
+
+    def start(self) -> Any:
+        """Resume what the ledger and the study hold; the backend's runner, or None when there is nothing to do."""
         self.recover()
         if (self.cfg.target.seconds(self.baseline_s) is not None
                 and Q.confirmed_winner(self.records, self.cfg.confirm.repeats)):
             self._target_reached("the target was already met and confirmed")
-        runner = None if self.stop_reason else self.backend.runner()
-        startup = time.perf_counter() - t0
-        log.info(f"sweep {self.cfg.name}: {self.cfg.backend} backend on {runner.where if runner else '-'}; "
-                 f"target {self.cfg.target.describe(self.baseline_s)}")
+        return None if self.stop_reason else self.backend.runner()
+
+    def drive(self, runner: Any, t0: float | None = None) -> None:
+        """The loop: fill free slots with the next job, feed each finished run back to its job; closes ``runner``."""
+        t0 = time.perf_counter() if t0 is None else t0
         active: dict[int, Job] = {}
         try:
             while True:
@@ -124,14 +141,6 @@ class Sweep:
         finally:
             if runner:
                 runner.close()
-        summary = report.summarize(self.records, self.cfg.target, self.cfg.confirm.repeats)
-        summary.update(stopped_because=self.stop_reason or "the trial budget is spent", startup_s=startup,
-                       mlflow_ui=self.recorder.tracker.open_hint() if self.recorder.tracker else None,
-                       group_builds=runner.builds if runner else 0,
-                       sweep_wall_s=time.perf_counter() - t0,
-                       bookkeeping_median_s=statistics.median(self.recorder.bookkeeping) if self.recorder.bookkeeping else None)
-        self.recorder.track("finish_sweep", summary, self.study.study, report.table(self.records))
-        return summary
 
     def _lost(self, job: Job, outcome: Any) -> None:
         """A node or a rank's actor was lost mid-run: nothing was measured and the config is not to blame, so
