@@ -141,7 +141,7 @@ class RayTrials:
         fields: dict[str, Any] = {
             "overhead_s": sum(r.wall_s for r in runs) - sum(r.work_s for r in runs) if runs else None}
         if outcome.placement:  # where each rank ran: host, ip, Ray node id, GPU ids (rank order)
-            fields["extra"] = {"placement": outcome.placement}
+            fields["placement"] = outcome.placement
         probe = runs[0] if kind == "trial" and (len(runs) == 2 or status == "pruned") else None
         if probe is not None and probe.result is not None:
             n = len(probe.result.steps)

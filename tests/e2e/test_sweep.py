@@ -235,7 +235,7 @@ def test_failing_trials_are_recorded_and_the_sweep_goes_on(ray_address, sweep_fi
 @pytest.mark.timeout(60)
 def test_resume_tells_a_measured_trial_from_the_ledger_and_requeues_an_unmeasured_one(sweep_file):
     """The two ways a driver dies mid-trial: after its ledger line (told from the ledger) or before (re-queued)."""
-    from orchestrator.ledger import record
+    from orchestrator.record import Metrics, TrialRecord
     from orchestrator.space import suggest
     from orchestrator.sweep import Sweep
 
@@ -243,16 +243,15 @@ def test_resume_tells_a_measured_trial_from_the_ledger_and_requeues_an_unmeasure
     first = Sweep(cfg)
     first.recover()  # a new study: the baseline is queued
     measured = first.study.ask()
-    params, _ = suggest(measured, cfg.space, first.configs.fixed, first.configs.split_context)
-    first.ledger.append(record(sweep="t", trial=measured.number, kind="baseline", backend="ray", params=params,
-                               config={}, status="ok", reason=None, result=None, prediction=None, parity=None,
-                               metrics={"step_time_s": 0.5}, meets_target=False, wall_s=1.0, overhead_s=0.1,
-                               started_at=0.0, finished_at=1.0))
+    params, _ = suggest(measured, cfg.space, first.backend.configs.fixed, first.backend.configs.split_context)
+    first.ledger.append(TrialRecord(sweep="t", trial=measured.number, kind="baseline", backend="ray", params=params,
+                                    config={}, status="ok", reason=None, metrics=Metrics(step_time_s=0.5),
+                                    meets_target=False, wall_s=1.0, overhead_s=0.1, started_at=0.0, finished_at=1.0))
     lost = first.study.ask()
-    lost_params, _ = suggest(lost, cfg.space, first.configs.fixed, first.configs.split_context)
+    lost_params, _ = suggest(lost, cfg.space, first.backend.configs.fixed, first.backend.configs.split_context)
     half = first.study.ask()
     with pytest.raises(KeyboardInterrupt):  # killed after its first suggest, before the rest were drawn
-        suggest(_DiesAfter(half, 1), cfg.space, first.configs.fixed, first.configs.split_context)
+        suggest(_DiesAfter(half, 1), cfg.space, first.backend.configs.fixed, first.backend.configs.split_context)
     drawn = study_of(cfg).trials[2].params
     assert len(drawn) == 1 and len(lost_params) > 1
     # ... the driver dies here: trial 0 has its ledger line but was never told, trials 1 and 2 have neither.
@@ -269,7 +268,7 @@ def test_resume_tells_a_measured_trial_from_the_ledger_and_requeues_an_unmeasure
     # Re-asked, the half-drawn trial keeps the param it had and gets the rest from the sampler.
     again.study.ask()
     redo = again.study.ask()
-    params, _ = suggest(redo, cfg.space, again.configs.fixed, again.configs.split_context)
+    params, _ = suggest(redo, cfg.space, again.backend.configs.fixed, again.backend.configs.split_context)
     assert redo.number == 4 and drawn.items() <= params.items() and len(params) > len(drawn)
 
 

@@ -98,7 +98,6 @@ def test_two_worker_groups_run_trials_at_the_same_time(ray_address, sweep_file):
 
 @pytest.mark.timeout(240)
 def test_prefilter_skips_configs_predicted_over_the_memory_budget(ray_address, sweep_file):
-    from orchestrator.backends import configs_for
     from orchestrator.prefilter import MemoryPrefilter, load_cluster
 
     cluster_file = REPO_ROOT / "search_spaces" / "clusters" / "cpu-local.yaml"
@@ -108,7 +107,7 @@ def test_prefilter_skips_configs_predicted_over_the_memory_budget(ray_address, s
     cfg = load_sweep(path, [])
     cluster, priors = load_cluster(cluster_file)
     predict = MemoryPrefilter(cluster, priors).verdict
-    configs = configs_for(cfg)
+    configs = cfg.built.configs
     base_b = predict(configs.baseline).predicted_bytes
     big_b = predict(configs.build(configs.overrides_for(cfg.space, big))).predicted_bytes
     assert big_b > base_b

@@ -19,7 +19,7 @@ import pytest
 from orchestrator import ledger as L
 from orchestrator import records_query as Q
 from orchestrator.record import (SCHEMA_VERSION, Kind, Metrics, Probe, Status, TrialRecord, line_bytes,
-                                 load_records)
+                                 load_records, read_records)
 from trainer.result import Result
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "ledger_v0.jsonl"
@@ -89,15 +89,28 @@ def test_a_probe_result_keeps_only_its_changed_config_values(lines):
     assert TrialRecord.from_line(out).result.config == line["result"]["config"]
 
 
+def test_placement_and_canonical_lines_load(lines):
+    """Keys the Ray and parity work added to the sweep's lines are typed fields, not extra."""
+    line = lines[2]
+    line["placement"] = [{"rank": 0, "host": "h", "ip": "10.0.0.1", "node_id": "n1", "gpu_ids": [], "pid": 7}]
+    line["parity"].update(first_fail_diff=None, first_fail_tolerance=None)
+    rec = TrialRecord.from_line(line)
+    assert rec.placement == line["placement"] and rec.extra == {} and rec.parity.extra == {}
+    assert TrialRecord.from_line(rec.to_line()) == rec
+    canonical = dict(lines[0], kind="canonical", params={})
+    assert TrialRecord.from_line(canonical).kind is Kind.CANONICAL
+    assert Q.measured([TrialRecord.from_line(canonical)]) == []  # a reference run is no candidate
+
+
 def test_unknown_keys_are_kept_not_dropped(lines):
     line = lines[2]
-    line["placement"] = [{"rank": 0, "node": "n1"}, {"rank": 1, "node": "n1"}]
+    line["scheduler"] = {"queue": "a", "slots": [0, 1]}  # a newer writer's key this version does not know
     line["metrics"]["new_metric"] = 1.5
     line["parity"]["canonical"] = "passed"
     rec = TrialRecord.from_line(line)
-    assert rec.extra == {"placement": line["placement"]} and rec.metrics.extra == {"new_metric": 1.5}
+    assert rec.extra == {"scheduler": line["scheduler"]} and rec.metrics.extra == {"new_metric": 1.5}
     out = rec.to_line()
-    assert out["placement"] == line["placement"] and out["metrics"]["new_metric"] == 1.5
+    assert out["scheduler"] == line["scheduler"] and out["metrics"]["new_metric"] == 1.5
     assert out["parity"]["canonical"] == "passed" and TrialRecord.from_line(out) == rec
     with pytest.raises(ValueError, match=r"TrialRecord.extra: \['status'\]"):
         dataclasses.replace(rec, extra={"status": "ok"}).to_line()
@@ -142,10 +155,10 @@ def test_written_through_the_ledger_and_read_back(lines, tmp_path):
     led = L.Ledger(tmp_path / "s" / "trials.jsonl")
     for r in recs:
         led.append(r)
-    assert L.read_records(led.path) == recs == led.read()
+    assert read_records(led.path) == recs == led.read()
     mixed = tmp_path / "mixed.jsonl"  # a resumed v0 ledger gets v1 lines appended: both load
     mixed.write_text(FIXTURE.read_text() + (tmp_path / "s" / "trials.jsonl").read_text())
-    assert L.read_records(mixed) == recs + recs
+    assert read_records(mixed) == recs + recs
 
 
 def test_line_size_before_and_after(lines, capsys):
