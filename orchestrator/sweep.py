@@ -151,7 +151,8 @@ class Sweep:
         else:  # a confirm run: run it again (a resume finds it from the ledger too)
             self.queue.append(self._confirm_job(job.number, job.params, job.config))
         self.progress.running.pop(job.number, None)
-        log.warning("trial %d (%s): %s; queued again, not held against its config", job.number, job.kind, outcome.reason)
+        log.warning("trial %d (%s): %s; queued again, not held against its config", job.number, job.kind,
+                    outcome.reason)
         self.lost_in_a_row += 1
         if self.lost_in_a_row > MAX_LOST_IN_A_ROW:
             raise SweepError(f"{self.lost_in_a_row} runs in a row were lost to the cluster (last: {outcome.reason}); "

@@ -226,7 +226,8 @@ NODE_LOSS_SCRIPT = textwrap.dedent("""
             lines, error = [], f"{type(e).__name__}: {e}"
         import optuna
         study = optuna.load_study(study_name=name, storage=cfg.optuna_url)
-        results[name] = {"lost": node.node_id, "said": said, "error": error, "lines": [r.to_line() for r in lines], "wall_s": time.time() - t0,
+        results[name] = {"lost": node.node_id, "said": said, "error": error, "lines": [r.to_line() for r in lines],
+                         "wall_s": time.time() - t0,
                          "trials": [[t.number, t.state.name, t.user_attrs] for t in study.trials]}
     print("RESULT " + json.dumps(results, default=str))
 """)
