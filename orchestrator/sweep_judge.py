@@ -10,6 +10,7 @@ import copy
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Generator
 
 from orchestrator import records_query as Q
@@ -115,7 +116,7 @@ class Recorder:
             sweep=self.cfg.name, trial=job.number, kind=job.kind, backend=self.backend.name, params=job.params,
             config=self.backend.configs.to_dict(job.config) if job.config is not None else {}, status=status,
             reason=verdict.reason, metrics=metrics, meets_target=meets, wall_s=sum(r.wall_s for r in runs),
-            started_at=job.started, finished_at=time.time(), result=outcome.result, prediction=outcome.prediction,
+            started_at=_ms(job.started), finished_at=_ms(time.time()), result=outcome.result, prediction=outcome.prediction,
             parity=parity, repeat=repeat, duplicate_of=same.trial if same is not None else None,
             # tracking logs them under the child run's traces/
             artifacts=outcome.save_traces(self.cfg.results_dir / "traces" / run_name), **fields)
@@ -133,3 +134,10 @@ class Recorder:
         best = report.secs(self.best_s, self.backend.predicted)
         self.progress.finished(record, len(Q.measured(self.records)), best, self.cfg.target.describe(base))
         return record
+
+
+def _ms(epoch_s: float) -> datetime:
+    """A time at the ledger's precision (ISO text to the millisecond), so a record in memory equals it read back."""
+    t = datetime.fromtimestamp(epoch_s, timezone.utc)
+    return t.replace(microsecond=t.microsecond // 1000 * 1000)
+

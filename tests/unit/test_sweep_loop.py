@@ -135,6 +135,7 @@ def test_a_clearly_slower_probe_is_pruned_and_a_fast_one_measured_in_full(config
     states = {t.number: t.state for t in trials_of(cfg)}
     assert states[1] == TrialState.PRUNED and states[2] == TrialState.COMPLETE
     assert runner.closed and sweep.stop_reason is None  # the budget, not a target, ended it
+    assert sweep.records == sweep.ledger.read()  # what the loop holds is what the ledger reads back
 
 
 def test_a_winner_is_confirmed_then_the_target_stops_the_sweep(config):
