@@ -347,10 +347,10 @@ class TrialRecord:
             result = Result.from_dict(_unpack_result(raw_result, known["config"], metrics))
         parity = known.pop("parity", None)
         probe = known.pop("probe", None)
+        artifacts = list(known.pop("artifacts", None) or [])  # popped first: **known is unpacked before it
         return cls(**known, metrics=metrics, result=result,
                    parity=ParityVerdict.from_dict(parity) if parity is not None else None,
-                   probe=Probe.from_dict(probe) if probe is not None else None,
-                   artifacts=list(known.pop("artifacts", None) or []), extra=extra)
+                   probe=Probe.from_dict(probe) if probe is not None else None, artifacts=artifacts, extra=extra)
 
 
 _REQUIRED = ("sweep", "trial", "kind", "backend", "params", "config", "status", "reason", "metrics",

@@ -7,6 +7,8 @@ function of the config (``pace``), so every decision the loop takes is scripted 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import optuna
 import pytest
 from optuna.trial import TrialState
@@ -16,6 +18,7 @@ from orchestrator.config import load_sweep
 from orchestrator.record import Metrics, TrialRecord
 from orchestrator.space import suggest
 from orchestrator.sweep import Sweep
+from trainer.profile import trace_name
 from trainer.result import RankResult, StepRecord, merge
 
 SPACE = {"params": {"batch.micro_batch_size": {"type": "categorical", "choices": [1, 2, 4]}}}
@@ -55,7 +58,9 @@ class FakeRunner:
             self._done.append((slot, RunOutcome(pace, f"scripted {pace}")))
             return
         wall = pace * cfg.run.steps
-        self._done.append((slot, RunOutcome("ok", None, result_for(cfg, pace), wall_s=wall + 0.1, work_s=wall)))
+        traces = {trace_name(r): b"trace" for r in range(2)}  # as run.profile_step would bring back
+        self._done.append((slot, RunOutcome("ok", None, result_for(cfg, pace), wall_s=wall + 0.1, work_s=wall,
+                                            traces=traces)))
 
     def poll(self, timeout_s):
         done, self._done = self._done, []
@@ -136,6 +141,8 @@ def test_a_clearly_slower_probe_is_pruned_and_a_fast_one_measured_in_full(config
     assert states[1] == TrialState.PRUNED and states[2] == TrialState.COMPLETE
     assert runner.closed and sweep.stop_reason is None  # the budget, not a target, ended it
     assert sweep.records == sweep.ledger.read()  # what the loop holds is what the ledger reads back
+    assert [Path(p).name for p in fast.artifacts] == [trace_name(0), trace_name(1)]
+    assert all(Path(p).is_file() for p in fast.artifacts) and fast.result.ranks[0].trace_file == fast.artifacts[0]
 
 
 def test_a_winner_is_confirmed_then_the_target_stops_the_sweep(config):
