@@ -191,9 +191,7 @@ class TrainConfig:
 
     def stage_layers(self) -> list[list[int]]:
         """Layer indices of each model chunk (pp x virtual_stages of them), in pipeline order."""
-        counts = self.pipeline.split.counts(self.model.n_layers, self.n_stages)
-        starts = [sum(counts[:i]) for i in range(len(counts))]
-        return [list(range(s, s + c)) for s, c in zip(starts, counts)]
+        return layout.layer_ranges(self.pipeline.split.counts(self.model.n_layers, self.n_stages))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "TrainConfig":

@@ -67,14 +67,10 @@ def check_torch_schedule(schedule: str, pp: int, n_micro: int) -> None:
         )
 
 
-def split_layers(n_layers: int, n_stages: int, *, explicit: tuple[int, ...] | None = None,
-                 first: int | None = None, last: int | None = None) -> list[list[int]]:
-    """Layer indices held by each model chunk, in order (``split_counts`` says how many)."""
-    stages, start = [], 0
-    for c in split_counts(n_layers, n_stages, explicit=explicit, first=first, last=last):
-        stages.append(list(range(start, start + c)))
-        start += c
-    return stages
+def layer_ranges(counts: list[int]) -> list[list[int]]:
+    """Layer indices held by each model chunk, in order, from ``split_counts``'s layers per chunk."""
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    return [list(range(s, s + c)) for s, c in zip(starts, counts)]
 
 
 def split_counts(n_layers: int, n_stages: int, *, explicit: tuple[int, ...] | None = None,

@@ -47,13 +47,13 @@ def bug_skip_dp_sync_on_stage1():
 def bug_layer_on_two_stages():
     import trainer.layout as layout
 
-    layout.split_layers = lambda n, s, **kw: [[0, 1], [1, 2, 3]]
+    layout.layer_ranges = lambda counts: [[0, 1], [1, 2, 3]]
 
 
 def bug_layer_on_no_stage():
     import trainer.layout as layout
 
-    layout.split_layers = lambda n, s, **kw: [[0], [2, 3]]
+    layout.layer_ranges = lambda counts: [[0], [2, 3]]
 
 
 def bug_replicas_diverge():

@@ -168,7 +168,7 @@ def test_14_15_a_baseline_over_the_memory_budget_is_infeasible_in_mib_and_not_co
     assert "the baseline (trial 0) ran but is infeasible: memory: peak " in msg, msg
     assert re.search(r"peak \d+(\.\d+)? (KiB|MiB) > resources\.memory_budget_gb=0\.0001 GiB", msg), msg
     assert "0.00 GiB" not in msg and "did not run" not in msg
-    (line,) = Ledger(cfg.results_dir / "trials.jsonl").read()
+    (line,) = [r for r in Ledger(cfg.results_dir / "trials.jsonl").read() if r.kind == "baseline"]
     assert line.status == "infeasible" and line.metrics.peak_memory_bytes > 2**19
     trials = optuna.load_study(study_name=cfg.name, storage=cfg.optuna_url).trials
     assert [(t.state, t.user_attrs["kind"]) for t in trials] == [(TrialState.FAIL, "baseline"),
@@ -183,11 +183,12 @@ def test_15_a_trial_asked_before_the_baseline_waits_for_it_and_none_is_left_runn
     from orchestrator.sweep import Sweep
 
     cfg = load_sweep(sweep_file(), ["search.n_trials=2"])
-    early = Sweep(cfg)
-    early.study.study.enqueue_trial({"parallel.pp": 1, "batch.micro_batch_size": 2}, user_attrs={"kind": "trial"})
-    early.study.release()
+    first = Sweep(cfg)
+    first.study.study.enqueue_trial({"parallel.pp": 1, "batch.micro_batch_size": 2}, user_attrs={"kind": "trial"})
+    first.study.release()
     summary, lines = run_sweep(cfg)
+    lines = [r for r in lines if r.kind != "canonical"]  # the trust chain's reference run comes first
     assert [(r.kind, r.status) for r in lines] == [("baseline", "ok"), ("trial", "ok")], lines
-    assert lines[1]["params"]["parallel.pp"] == 1 and summary["baseline_trial"] == lines[0]["trial"]
+    assert lines[1].params["parallel.pp"] == 1 and summary["baseline_trial"] == lines[0].trial
     states = [t.state for t in optuna.load_study(study_name=cfg.name, storage=cfg.optuna_url).trials]
     assert TrialState.RUNNING not in states and states.count(TrialState.COMPLETE) == 2

@@ -196,13 +196,16 @@ NODE_LOSS_SCRIPT = textwrap.dedent("""
     def remove_mid_trial(node, cfg):
         # Once the first trial (the baseline) is RUNNING in the study, its group is placed and its run starts
         # within milliseconds; the run lasts seconds (run.steps), so the removal lands inside it.
-        import optuna
+        # Read-only sqlite: opening the study through Optuna while the driver creates the schema would race
+        # it for the tables ("table alembic_version already exists").
+        import sqlite3
+        db = cfg.optuna_url.removeprefix("sqlite:///")
         while True:
             try:
-                study = optuna.load_study(study_name=cfg.name, storage=cfg.optuna_url)
-                if any(t.state.name == "RUNNING" for t in study.trials):
-                    break
-            except Exception:  # not created yet (KeyError), or created right now by the driver
+                with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+                    if con.execute("SELECT count(*) FROM trials WHERE state = 'RUNNING'").fetchone()[0]:
+                        break
+            except sqlite3.Error:  # not created yet
                 pass
             time.sleep(0.1)
         time.sleep(1.0)

