@@ -44,11 +44,12 @@ class Sweep:
         cfg.results_dir.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(cfg.results_dir / "trials.jsonl")
         self.progress = report.Progress(cfg.search.n_trials)
+        records = self.ledger.read()  # before the study: a ledger that does not load leaves no study behind
         self.study = SweepStudy(cfg, self.backend)
         self.gate = trust.ParityGate(cfg.results_dir.parent / "parity_refs")
         """Canonical -> baseline -> trials (orchestrator.trust); its store is shared by every sweep under the same
         results directory, by maths key."""
-        self.recorder = Recorder(cfg, self.backend, self.study, self.ledger, self.gate, self.progress)
+        self.recorder = Recorder(cfg, self.backend, self.study, self.ledger, records, self.gate, self.progress)
         self.queue: list[Job] = []
         self.lost_in_a_row = 0
         self.stop_reason: str | None = None

@@ -51,11 +51,12 @@ def metrics_of(outcome: RunOutcome) -> Metrics:
 class Recorder:
     """Judges finished runs and writes them everywhere they go; holds the sweep's records."""
 
-    def __init__(self, cfg: Any, backend: Any, study: SweepStudy, ledger: Ledger, gate: Any,
-                 progress: report.Progress):
+    def __init__(self, cfg: Any, backend: Any, study: SweepStudy, ledger: Ledger, records: list[TrialRecord],
+                 gate: Any, progress: report.Progress):
         self.cfg, self.backend, self.study, self.ledger, self.gate = cfg, backend, study, ledger, gate
         self.progress = progress
-        self.records: list[TrialRecord] = ledger.read()
+        self.records = records
+        """The ledger's records, read before the study was opened; each finished job's is appended."""
         self.bookkeeping: list[float] = []
         """Driver seconds per finished trial after its ledger line (Optuna, MLflow): not in any trial's wall."""
         self.tracker, self.parent = self._open_tracker()

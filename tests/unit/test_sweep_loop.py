@@ -258,3 +258,12 @@ def test_resume_of_a_new_or_failed_baseline_queues_the_baseline(config):
     states = [(t.state, t.user_attrs.get("kind")) for t in trials_of(cfg)]
     assert states[0] == (TrialState.FAIL, "baseline") and states[-1] == (TrialState.WAITING, "baseline")
     assert sum(s == TrialState.WAITING for s, _ in states) == 1  # queued once, not once per resume
+
+
+def test_a_ledger_that_does_not_load_leaves_no_study_behind(config):
+    cfg = config()
+    cfg.results_dir.mkdir(parents=True)
+    (cfg.results_dir / "trials.jsonl").write_text("{not json\n")
+    with pytest.raises(ValueError, match="trials.jsonl:1: not a JSON line"):
+        Sweep(cfg)
+    assert optuna.get_all_study_names(cfg.optuna_url) == []  # so a fixed ledger resumes into a fresh study
