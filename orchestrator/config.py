@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from orchestrator import REPO_ROOT, backends
 from orchestrator.space import Space, enumerate_space, parse_space
 from orchestrator.target import Target, parse_target
 from trainer.mapping import build
 
 log = logging.getLogger(__name__)
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SWEEP = REPO_ROOT / "search_spaces" / "default.yaml"
-BACKENDS = ("ray", "model")
+BACKENDS = tuple(backends.BACKENDS)
 SAMPLERS = ("tpe", "random", "cmaes", "qmc", "gp", "guided")
 PLACEMENTS = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 
@@ -181,11 +181,13 @@ class SweepConfig:
     """MLflow mirroring."""
     prefilter: dict = field(default_factory=dict)
     """Memory pre-filter for real (ray) sweeps: {enabled, cluster, calibration, memory_budget_gb (GiB), margin};
-    see orchestrator.prefilter.prefilter_from_settings."""
+    see orchestrator.backends.ray_trials.prefilter_from_settings."""
     source: Optional[str] = None
     """The sweep file this came from (set by load_sweep, not by the file)."""
     raw: dict = field(default_factory=dict, compare=False, repr=False)
     """The merged mapping as given, for the record (MLflow, the study)."""
+    built: Any = field(default=None, init=False, compare=False, repr=False)
+    """The backend ``check_sweep`` built and validated the space with (set by load_sweep), reused by the sweep."""
 
     @property
     def results_dir(self) -> Path:
@@ -230,7 +232,7 @@ def load_sweep(path: str | Path | None = None, dotlist: list[str] | None = None,
     merged = OmegaConf.to_container(OmegaConf.merge(base, cli), resolve=True)
     cfg = from_dict(merged, source=path)
     if check:
-        check_sweep(cfg)
+        object.__setattr__(cfg, "built", check_sweep(cfg))  # built once: the sweep reuses it
     return cfg
 
 
@@ -246,7 +248,7 @@ def from_dict(data: dict[str, Any], source: Path | None = None) -> SweepConfig:
         data["trainer"] = _merge(from_file, data.get("trainer") or {})
     space = parse_space(data.pop("space", None))
     target = parse_target(data.pop("target", None))
-    cfg = build(SweepConfig, data, suggest=_suggestion, skip=("source", "raw", "space", "target"))
+    cfg = build(SweepConfig, data, suggest=_suggestion, skip=("source", "raw", "space", "target", "built"))
     cfg = dataclasses.replace(cfg, space=space, target=target, source=str(source) if source else None, raw=raw,
                               baseline=flatten(cfg.baseline))  # nested or dotted keys both accepted
     _check_fields(cfg)
@@ -291,30 +293,22 @@ def _check_fields(cfg: SweepConfig) -> None:
             raise ValueError(f"{name}={_get(cfg, name)!r} is out of range")
     if cfg.search.min_trials < 0:
         raise ValueError(f"search.min_trials={cfg.search.min_trials} must be 0 or more")
-    if cfg.backend == "model" and not cfg.planner:
-        raise ValueError("planner: backend: model needs a planner: section (the cluster and model to predict)")
-    if cfg.backend == "ray" and cfg.planner:
-        raise ValueError("planner: only used with backend: model")
     for i, entry in enumerate(cfg.enqueue):
         if not isinstance(entry, dict):
             raise ValueError(f"enqueue[{i}]: expected a mapping of space param: value")
 
 
-def check_sweep(cfg: SweepConfig) -> None:
-    """Everything that needs the trainer/planner: the baseline, the space's configs, the enqueued params."""
-    from orchestrator import backends, parity
+def check_sweep(cfg: SweepConfig) -> backends.Backend:
+    """Everything that needs the trainer/planner: the baseline, the space's configs, the enqueued params.
+
+    Returns the backend it built (its configs and pre-filter), for the sweep to use as is.
+    """
+    from orchestrator import parity
 
     check_results_dir(cfg)
-    configs = backends.configs_for(cfg)
+    backend = backends.build(cfg)
+    configs = backend.configs
     parity.check_space_is_throughput_only(cfg.space.override_keys)
-    if cfg.prefilter:
-        from orchestrator.prefilter import prefilter_from_settings
-
-        if cfg.backend != "ray":
-            raise ValueError("prefilter: only real (ray) sweeps are pre-filtered; the model backend predicts anyway")
-        prefilter_from_settings(cfg.prefilter, prefilter_base_dir(cfg), cfg.resources.memory_budget_gb)
-    if cfg.backend == "ray" and "parallel.dp" in cfg.space.override_keys:
-        raise ValueError("space.params.parallel.dp: dp is derived per trial as resources.world_size / parallel.pp")
     configs.baseline_params(cfg.space)
     bad: list[str] = []
     seen = 0
@@ -334,6 +328,7 @@ def check_sweep(cfg: SweepConfig) -> None:
             configs.build(configs.overrides_for(cfg.space, entry))
         except ValueError as e:
             raise ValueError(f"enqueue[{i}] {_show(entry)}: {e}") from None
+    return backend
 
 
 def check_results_dir(cfg: SweepConfig) -> None:
@@ -413,8 +408,3 @@ def _merge(a: dict, b: dict) -> dict:
     for k, v in b.items():
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
-
-
-def prefilter_base_dir(cfg: SweepConfig) -> Path:
-    """Where a sweep file's relative prefilter paths start: the sweep file's folder."""
-    return Path(cfg.source).parent if cfg.source else Path(".")

@@ -57,7 +57,7 @@ def _trainer_root() -> type:
 
 
 ROOTS = (
-    Root("SweepConfig", "docs/sweep.md", _sweep_root, skip=("source", "raw"), opaque=("space", "target")),
+    Root("SweepConfig", "docs/sweep.md", _sweep_root, skip=("source", "raw", "built"), opaque=("space", "target")),
     Root("TrainConfig", "docs/trainer.md", _trainer_root),
 )
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import logging
 import math
 from typing import Any, Callable, Mapping, Sequence
 
@@ -266,36 +267,28 @@ def planner_fields(sampler: Any, params: Mapping[str, Any], metrics: Mapping[str
                         "error_pct": 100.0 * (pred - measured) / measured if measured else None}}
 
 
-def sampler_for(cfg: Any, base: BaseSampler, lines: Callable[[], Sequence[Mapping]],
-                log: Callable[[str], None] = print) -> BaseSampler:
-    """``sampler.kind: guided`` for a sweep: GuidedSampler over ``base``, or ``base`` alone when the planner
-    cannot model the space (model backend, no cluster for this device, nothing mappable), saying why."""
-    from orchestrator import backends
-    from orchestrator.calibration import DEFAULT_CLUSTER, load_calibration
-    from orchestrator.config import REPO_ROOT, prefilter_base_dir
-    from orchestrator.prefilter import _resolve, load_cluster
+def sampler_for(backend: Any, base: BaseSampler, records: Callable[[], Sequence[Any]]) -> BaseSampler:
+    """``sampler.kind: guided`` for a real-trials backend (``RayTrials``): GuidedSampler over ``base``, or ``base``
+    alone when the planner cannot model the space (no cluster for this device, nothing mappable), saying why."""
+    from orchestrator import REPO_ROOT
+    from orchestrator.calibration import DEFAULT_CLUSTER
+    from orchestrator.prefilter import load_cluster
 
-    if cfg.backend != "ray":
-        log("note: sampler.kind=guided: the model backend is the planner itself; using TPE")
-        return base
-    configs = backends.configs_for(cfg)
-    pf = cfg.prefilter or {}
-    if pf.get("cluster"):
-        cluster, eff = load_cluster(_resolve(pf["cluster"], prefilter_base_dir(cfg)))
-        if pf.get("calibration"):
-            eff = load_calibration(_resolve(pf["calibration"], prefilter_base_dir(cfg)))
+    cfg, configs = backend.cfg, backend.configs
+    if backend.prefilter is not None:  # the sweep's own cluster file (and calibration) for this device
+        cluster, eff = backend.prefilter.cluster, backend.prefilter.efficiency
     elif configs.device == "cpu":
         cluster, eff = load_cluster(REPO_ROOT / DEFAULT_CLUSTER)
     else:
-        log("note: sampler.kind=guided needs a cluster file for a GPU sweep (prefilter.cluster); using TPE")
+        log.info("note: sampler.kind=guided needs a cluster file for a GPU sweep (an enabled prefilter: with its cluster); using TPE")
         return base
     ranking = PlannerRanking(cfg.space, configs, cluster, eff)
     if not ranking.modelled:
-        log(f"note: sampler.kind=guided: the planner models none of the space's configs "
-            f"({next(iter(ranking.not_modelled.values()), '?')}); using TPE")
+        log.info("note: sampler.kind=guided: the planner models none of the space's configs (%s); using TPE",
+                 next(iter(ranking.not_modelled.values()), "?"))
         return base
     if ranking.not_modelled:
-        log(f"note: the planner does not model {len(ranking.not_modelled)} of {len(ranking.candidates)} configs "
-            f"(e.g. {next(iter(ranking.not_modelled.values()))}); TPE alone proposes those")
+        log.info("note: the planner does not model %d of %d configs (e.g. %s); TPE alone proposes those",
+                 len(ranking.not_modelled), len(ranking.candidates), next(iter(ranking.not_modelled.values())))
     s = cfg.sampler
-    return GuidedSampler(ranking, base, lines, n_first=s.guided_first, every=s.guided_every)
+    return GuidedSampler(ranking, base, records, n_first=s.guided_first, every=s.guided_every)

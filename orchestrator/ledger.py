@@ -9,13 +9,15 @@ never told to anyone, so it is set aside (into ``trials.jsonl.torn``) and its tr
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
-import os
 import statistics
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
+
+from orchestrator.jsonl import JsonLines, LedgerBusy
+from orchestrator.record import TrialRecord, load_records
+
+__all__ = ["Ledger", "LedgerBusy"]
 
 KINDS = ("baseline", "trial", "confirm", "canonical")
 """canonical: the reference run of the baseline's maths in the simplest layout (orchestrator.trust)."""
@@ -24,68 +26,32 @@ KEYS = ("sweep", "trial", "kind", "backend", "params", "config", "status", "reas
         "parity", "metrics", "meets_target", "wall_s", "overhead_s", "started_at", "finished_at")
 
 
-class LedgerBusy(RuntimeError):
-    """Another driver is writing this ledger."""
-
-
 class Ledger:
+    """``results/<sweep>/trials.jsonl`` as TrialRecords: ``append`` writes one, ``read`` loads them all."""
+
     def __init__(self, path: Path):
-        self.path = Path(path)
+        self.file = JsonLines(path)
+        self.path = self.file.path
 
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
+    def lock(self) -> contextlib.AbstractContextManager[None]:
         """One writer per ledger: a second driver of the same sweep would treat the first one's trials as dead."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        lock = self.path.with_name(".driver.lock")
-        with open(lock, "a+") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                f.seek(0)
-                raise LedgerBusy(f"{self.path.parent.name!r} is already being run by another driver (pid "
-                                 f"{f.read().strip() or '?'}; lock {lock})") from None
-            f.truncate(0)
-            f.write(str(os.getpid()))
-            f.flush()
-            yield
+        return self.file.lock()
 
-    def append(self, record: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._set_aside_torn_tail()
-        line = json.dumps(record, sort_keys=False, default=_jsonable) + "\n"
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+    def append(self, record: TrialRecord) -> None:
+        """Write ``record.to_line()``, flushed and fsynced before this returns (the source of truth comes first)."""
+        self.file.append(record.to_line())
 
-    def read(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        out = []
-        text = self.path.read_text(encoding="utf-8")
-        for n, line in enumerate(text.splitlines(keepends=True), 1):
-            if not line.endswith("\n"):
-                break  # torn tail: never told to anyone
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{self.path}:{n}: not a JSON line ({e}); edited by hand?") from None
-        return out
+    def read(self) -> list[TrialRecord]:
+        """The ledger's records (``TrialRecord.from_line``, any schema); a line that does not load names why."""
+        lines = self.file.lines()
+        try:
+            return load_records(lines)
+        except ValueError as e:
+            raise ValueError(f"{self.path}: {e}") from None
 
-    def _set_aside_torn_tail(self) -> None:
-        if not self.path.exists() or self.path.stat().st_size == 0:
-            return
-        with open(self.path, "rb+") as f:
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) == b"\n":
-                return
-            f.seek(0)
-            data = f.read()
-            cut = data.rfind(b"\n") + 1
-            with open(self.path.with_name(self.path.name + ".torn"), "ab") as torn:
-                torn.write(data[cut:] + b"\n")
-            f.truncate(cut)
+    def lines(self) -> list[dict[str, Any]]:
+        """The raw JSON lines as written: for tools that look at the file itself (line sizes, old schemas)."""
+        return self.file.lines()
 
 
 def record(*, sweep: str, trial: int, kind: str, backend: str, params: dict, config: dict, status: str,
@@ -105,14 +71,6 @@ def record(*, sweep: str, trial: int, kind: str, backend: str, params: dict, con
 
 def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _jsonable(obj: Any) -> Any:
-    if hasattr(obj, "to_dict"):
-        return obj.to_dict()
-    if isinstance(obj, (set, tuple)):
-        return list(obj)
-    raise TypeError(f"ledger: cannot write {type(obj).__name__}")
 
 
 # ---- reading a ledger back ---------------------------------------------------------------------

@@ -176,58 +176,6 @@ class MemoryPrefilter:
 SETTINGS = ("enabled", "cluster", "calibration", "memory_budget_gb", "margin")
 
 
-def prefilter_from_settings(settings: Mapping[str, Any] | None, base_dir: str | Path = ".",
-                            default_budget_gb: float | None = None) -> MemoryPrefilter | None:
-    """A sweep file's ``prefilter:`` mapping -> a MemoryPrefilter, or None when absent or not enabled.
-
-    ``cluster`` and ``calibration`` paths are relative to ``base_dir`` (the sweep file's folder) unless
-    absolute or found from the working directory. ``memory_budget_gb`` is in GiB (2**30 bytes), the unit of
-    the sweep's ``resources.memory_budget_gb``, which is the default because both judge the same number;
-    without either the cluster's ``hbm_gb`` is the budget. Errors name ``prefilter.<field>``.
-    """
-    if not settings:
-        return None
-    if not isinstance(settings, Mapping):
-        raise ValueError("prefilter: expected a mapping (enabled, cluster, calibration, memory_budget_gb, margin)")
-    unknown = sorted(set(settings) - set(SETTINGS))
-    if unknown:
-        raise ValueError(f"prefilter.{unknown[0]}: unknown field; known: {', '.join(SETTINGS)}")
-    enabled = settings.get("enabled", True)
-    if not isinstance(enabled, bool):
-        raise ValueError(f"prefilter.enabled: expected true or false, got {enabled!r}")
-    if not enabled:
-        return None
-    if not settings.get("cluster"):
-        raise ValueError("prefilter.cluster: required (e.g. search_spaces/clusters/cpu-local.yaml)")
-    try:
-        cluster, efficiency = load_cluster(_resolve(settings["cluster"], base_dir))
-    except ValueError as e:
-        raise ValueError(f"prefilter.cluster: {e}") from None
-    if settings.get("calibration"):
-        from orchestrator.calibration import load_calibration
-
-        try:
-            efficiency = load_calibration(_resolve(settings["calibration"], base_dir))
-        except ValueError as e:
-            raise ValueError(f"prefilter.calibration: {e}") from None
-    budget_gb = settings.get("memory_budget_gb", default_budget_gb)
-    if budget_gb is not None and (isinstance(budget_gb, bool) or not isinstance(budget_gb, (int, float))
-                                  or budget_gb <= 0):
-        raise ValueError(f"prefilter.memory_budget_gb: expected a number > 0 (GiB), got {budget_gb!r}")
-    margin = settings.get("margin", 0.0)
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < 0:
-        raise ValueError(f"prefilter.margin: expected a number >= 0, got {margin!r}")
-    return MemoryPrefilter(cluster, efficiency, budget_bytes=budget_gb * 2**30 if budget_gb else None,
-                           margin=float(margin))
-
-
-def _resolve(path: str | Path, base_dir: str | Path) -> Path:
-    p = Path(path)
-    if p.is_absolute() or p.exists():
-        return p
-    return Path(base_dir) / p
-
-
 def prefilter_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """From a ledger: how many trials the pre-filter kept from launching, and the reasons (one per trial)."""
     skipped = [r for r in records

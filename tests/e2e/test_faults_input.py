@@ -116,12 +116,12 @@ def test_12_report_and_export_default_to_the_most_recent_ledger(tmp_path, capsys
 def test_13_a_lost_rank_is_one_line_and_rays_page_stays_off_the_terminal(ray_address, sweep_file, capfd):
     """Outcome: the progress line and the table show one line; the ledger keeps Ray's whole text; Ray's own
     "A worker died or was killed ..." paragraph is not printed by the driver."""
-    from orchestrator import backends
+    from orchestrator.backends.ray_runner import _outcome
     from orchestrator.report import one_line
     from orchestrator.workers import WorkerGroup
 
     cfg = load_sweep(sweep_file(), ["trainer.run.steps=2000"])
-    configs = backends.configs_for(cfg)
+    configs = cfg.built.configs
     group = WorkerGroup(2, 1, 0, "STRICT_PACK", configs.device, start_timeout_s=60)
     group.start()
     try:
@@ -134,7 +134,7 @@ def test_13_a_lost_rank_is_one_line_and_rays_page_stays_off_the_terminal(ray_add
         while (run := group.collect()) is None and time.time() < deadline:
             time.sleep(0.1)
         assert run is not None and run.kind == "lost_rank"
-        outcome = backends._outcome(configs.baseline, run)
+        outcome = _outcome(configs.baseline, run)
         time.sleep(3)  # the raylet's error page reaches the driver a moment after the actor's death
     finally:
         group.kill()
@@ -168,8 +168,8 @@ def test_14_15_a_baseline_over_the_memory_budget_is_infeasible_in_mib_and_not_co
     assert "the baseline (trial 0) ran but is infeasible: memory: peak " in msg, msg
     assert re.search(r"peak \d+(\.\d+)? (KiB|MiB) > resources\.memory_budget_gb=0\.0001 GiB", msg), msg
     assert "0.00 GiB" not in msg and "did not run" not in msg
-    (line,) = [r for r in Ledger(cfg.results_dir / "trials.jsonl").read() if r["kind"] == "baseline"]
-    assert line["status"] == "infeasible" and line["metrics"]["peak_memory_bytes"] > 2**19
+    (line,) = [r for r in Ledger(cfg.results_dir / "trials.jsonl").read() if r.kind == "baseline"]
+    assert line.status == "infeasible" and line.metrics.peak_memory_bytes > 2**19
     trials = optuna.load_study(study_name=cfg.name, storage=cfg.optuna_url).trials
     assert [(t.state, t.user_attrs["kind"]) for t in trials] == [(TrialState.FAIL, "baseline"),
                                                                  (TrialState.WAITING, "baseline")]
@@ -184,11 +184,11 @@ def test_15_a_trial_asked_before_the_baseline_waits_for_it_and_none_is_left_runn
 
     cfg = load_sweep(sweep_file(), ["search.n_trials=2"])
     first = Sweep(cfg)
-    first.study.enqueue_trial({"parallel.pp": 1, "batch.micro_batch_size": 2}, user_attrs={"kind": "trial"})
-    first.lock.release()
+    first.study.study.enqueue_trial({"parallel.pp": 1, "batch.micro_batch_size": 2}, user_attrs={"kind": "trial"})
+    first.study.release()
     summary, lines = run_sweep(cfg)
-    lines = [r for r in lines if r["kind"] != "canonical"]  # the trust chain's reference run comes first
-    assert [(r["kind"], r["status"]) for r in lines] == [("baseline", "ok"), ("trial", "ok")], lines
-    assert lines[1]["params"]["parallel.pp"] == 1 and summary["baseline_trial"] == lines[0]["trial"]
+    lines = [r for r in lines if r.kind != "canonical"]  # the trust chain's reference run comes first
+    assert [(r.kind, r.status) for r in lines] == [("baseline", "ok"), ("trial", "ok")], lines
+    assert lines[1].params["parallel.pp"] == 1 and summary["baseline_trial"] == lines[0].trial
     states = [t.state for t in optuna.load_study(study_name=cfg.name, storage=cfg.optuna_url).trials]
     assert TrialState.RUNNING not in states and states.count(TrialState.COMPLETE) == 2

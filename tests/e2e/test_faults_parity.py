@@ -48,10 +48,10 @@ def test_a_baseline_whose_recompute_is_buggy_is_stopped_by_the_canonical_run(ray
     assert "grad norm differs at step 0" in text and "> tolerance 1.0e-04" in text, text
     assert "recompute.kind='full' (canonical: 'none')" in text, text
     lines = Ledger(cfg.results_dir / "trials.jsonl").read()
-    assert [(r["kind"], r["status"]) for r in lines] == [("canonical", "ok"), ("baseline", "infeasible")]
-    assert lines[0]["config"]["recompute"] == {"kind": "none"} and lines[0]["config"]["parallel"]["pp"] == 1
-    assert lines[1]["parity"]["first_fail_metric"] == "grad_norm"
-    store = cfg.results_dir.parent / "parity_refs" / f"{maths_key(lines[1]['config'])}.json"
+    assert [(r.kind, r.status) for r in lines] == [("canonical", "ok"), ("baseline", "infeasible")]
+    assert lines[0].config["recompute"] == {"kind": "none"} and lines[0].config["parallel"]["pp"] == 1
+    assert lines[1].parity.first_fail_metric == "grad_norm"
+    store = cfg.results_dir.parent / "parity_refs" / f"{maths_key(lines[1].config)}.json"
     assert [r["role"] for r in json.loads(store.read_text())["runs"]] == ["canonical"]
 
 
@@ -64,12 +64,12 @@ def test_a_clean_baseline_passes_and_a_buggy_one_cannot_drift_the_store(ray_addr
     path = sweep_file()
     cfg = load_sweep(path, ["search.n_trials=2"])
     summary, lines = run_sweep(cfg)
-    assert [r["kind"] for r in lines] == ["canonical", "baseline", "trial"], [r["reason"] for r in lines]
+    assert [r.kind for r in lines] == ["canonical", "baseline", "trial"], [r.reason for r in lines]
     canonical, base = lines[0], lines[1]
-    assert canonical["status"] == "ok" and canonical["config"]["parallel"] == {"pp": 1, "dp": 2}
-    assert base["status"] == "ok" and base["parity"]["passed"] and base["parity"]["tolerance"]["loss_rel"] == 1e-5
-    assert summary["baseline_trial"] == 0 and lines[2]["parity"] is not None
-    store = cfg.results_dir.parent / "parity_refs" / f"{maths_key(base['config'])}.json"
+    assert canonical.status == "ok" and canonical.config["parallel"] == {"pp": 1, "dp": 2}
+    assert base.status == "ok" and base.parity.passed and base.parity.tolerance.loss_rel == 1e-5
+    assert summary["baseline_trial"] == 0 and lines[2].parity is not None
+    store = cfg.results_dir.parent / "parity_refs" / f"{maths_key(base.config)}.json"
     stored = store.read_text()
     assert [r["role"] for r in json.loads(stored)["runs"]] == ["canonical", "baseline"]
 
@@ -81,4 +81,4 @@ def test_a_clean_baseline_passes_and_a_buggy_one_cannot_drift_the_store(ray_addr
     assert f"The reference is {store}: delete it only if the software or hardware changed on purpose" in text
     assert store.read_text() == stored  # the bad run was not added
     again = Ledger(cfg.results_dir.parent / "t2" / "trials.jsonl").read()
-    assert [(r["kind"], r["status"]) for r in again] == [("baseline", "infeasible")]  # canonical already stored
+    assert [(r.kind, r.status) for r in again] == [("baseline", "infeasible")]  # canonical already stored

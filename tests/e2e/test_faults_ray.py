@@ -107,7 +107,7 @@ def test_a_second_driver_of_the_study_is_refused_until_the_first_is_dead(ray_add
         assert any(f"took over study 't' from a driver that stopped (pid {first.pid}" in s and "last heartbeat" in s
                    for s in said), said
         sweep.recover()
-        sweep.lock.release()
+        sweep.study.release()
     finally:
         first.kill()
         first.wait()
@@ -134,7 +134,7 @@ def test_a_killed_driver_on_this_host_is_taken_over_at_once(sweep_file, tmp_path
         holder.kill()
         holder.wait()
     sweep = Sweep(cfg)
-    sweep.lock.release()
+    sweep.study.release()
     assert any(f"(pid {holder.pid}" in s and "its process is gone" in s for s in said), said
 
 
@@ -144,7 +144,7 @@ def test_a_rank_actor_killed_from_outside_is_lost_not_failed_and_the_group_recor
     again, and every run carries each rank's host, ip, node id and GPU ids, in node-id order."""
     import ray
 
-    from orchestrator.backends import _outcome
+    from orchestrator.backends.ray_runner import _outcome
     from orchestrator.workers import WorkerGroup
     from trainer.config import TrainConfig
 
@@ -229,7 +229,8 @@ NODE_LOSS_SCRIPT = textwrap.dedent("""
             lines, error = [], f"{type(e).__name__}: {e}"
         import optuna
         study = optuna.load_study(study_name=name, storage=cfg.optuna_url)
-        results[name] = {"lost": node.node_id, "said": said, "error": error, "lines": lines, "wall_s": time.time() - t0,
+        results[name] = {"lost": node.node_id, "said": said, "error": error, "lines": [r.to_line() for r in lines],
+                         "wall_s": time.time() - t0,
                          "trials": [[t.number, t.state.name, t.user_attrs] for t in study.trials]}
     print("RESULT " + json.dumps(results, default=str))
 """)

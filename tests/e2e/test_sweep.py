@@ -29,7 +29,7 @@ def study_of(cfg) -> optuna.Study:
 
 
 def measured_lines(ledger: Ledger) -> list[dict]:
-    return [r for r in ledger.read() if r["kind"] in ("baseline", "trial")]
+    return [r for r in ledger.read() if r.kind in ("baseline", "trial")]
 
 
 def _parent(pid: int) -> int:
@@ -64,26 +64,27 @@ def test_sweep_measures_trials_on_a_warm_group_and_reports(ray_address, sweep_fi
                       "trainer.run.profile_step=0"])
     summary, records = run_sweep(cfg)
     lines = Ledger(cfg.results_dir / "trials.jsonl").read()
-    assert lines == records and lines[0]["kind"] == "canonical" and lines[0]["status"] == "ok"
+    assert lines == records and lines[0].kind == "canonical" and lines[0].status == "ok"
     lines = lines[1:]  # after the canonical reference run of the baseline's maths (orchestrator.trust)
     assert len(lines) == 5
-    assert lines[0]["kind"] == "baseline" and lines[0]["trial"] == 0 and lines[0]["status"] == "ok"
-    assert lines[0]["parity"]["passed"] and lines[0]["metrics"]["speedup_vs_baseline"] == 1.0
-    assert all(set(KEYS) <= set(r) for r in lines)
-    assert sorted(r["trial"] for r in lines) == list(range(5))
+    assert lines[0].kind == "baseline" and lines[0].trial == 0 and lines[0].status == "ok"
+    assert lines[0].parity.passed and lines[0].metrics.speedup_vs_baseline == 1.0
+    raw = Ledger(cfg.results_dir / "trials.jsonl").lines()
+    assert all(set(KEYS) <= set(line) and line["schema"] == 1 for line in raw)  # what the file holds, typed or not
+    assert sorted(r.trial for r in lines) == list(range(5))
     for r in lines:
-        assert r["status"] in ("ok", "infeasible", "pruned", "skipped"), r["reason"]
-        assert r["config"]["parallel"]["pp"] * r["config"]["parallel"]["dp"] == 2 and not r["meets_target"]
-        if r["status"] == "skipped":  # TPE proposed a config already measured: reused, not re-run
-            first = lines[r["duplicate_of"]]
-            assert first["params"] == r["params"] and first["metrics"]["step_time_s"] == r["metrics"]["step_time_s"]
+        assert r.status in ("ok", "infeasible", "pruned", "skipped"), r.reason
+        assert r.config["parallel"]["pp"] * r.config["parallel"]["dp"] == 2 and not r.meets_target
+        if r.status == "skipped":  # TPE proposed a config already measured: reused, not re-run
+            first = lines[r.duplicate_of]
+            assert first.params == r.params and first.metrics.step_time_s == r.metrics.step_time_s
         else:
-            assert r["result"]["world_size"] == 2 and r["wall_s"] > 0 and r["overhead_s"] is not None
+            assert r.result.world_size == 2 and r.wall_s > 0 and r.overhead_s is not None
             # run.profile_step: each rank's trace came back from its actor and lies beside the ledger.
-            traces = [Path(p) for p in r["artifacts"]]
+            traces = [Path(p) for p in r.artifacts]
             assert [p.name for p in traces] == ["rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"]
             assert all(p.parent.parent == cfg.results_dir / "traces" and p.stat().st_size > 1000 for p in traces)
-            assert sorted(k["trace_file"] for k in r["result"]["ranks"]) == r["artifacts"]
+            assert sorted(k.trace_file for k in r.result.ranks) == r.artifacts
     study = study_of(cfg)
     states = [t.state for t in study.trials]
     assert len(states) == 5 and set(states) <= {TrialState.COMPLETE, TrialState.PRUNED}
@@ -144,15 +145,15 @@ def test_killed_driver_resumes_without_losing_or_duplicating_trials(ray_address,
     second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert second.returncode == 0, second.stdout + second.stderr
     lines = ledger.read()
-    measured = [r for r in lines if r["kind"] in ("baseline", "trial")]
-    numbers = [r["trial"] for r in measured]
+    measured = [r for r in lines if r.kind in ("baseline", "trial")]
+    numbers = [r.trial for r in measured]
     assert len(numbers) == len(set(numbers)) == 6, numbers
     study = study_of(cfg)
     done = {t.number: t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
     assert set(done) == set(numbers)
     for r in measured:  # what Optuna learnt is what the ledger measured
-        assert done[r["trial"]].params == r["params"]
-        assert done[r["trial"]].user_attrs["status"] == r["status"]
+        assert done[r.trial].params == r.params
+        assert done[r.trial].user_attrs["status"] == r.status
     failed = [t for t in study.trials if t.state == TrialState.FAIL]
     assert len(failed) <= 1  # the trial the kill interrupted, if it landed inside one
     for t in failed:
@@ -215,13 +216,13 @@ def test_failing_trials_are_recorded_and_the_sweep_goes_on(ray_address, sweep_fi
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    assert lines[0]["kind"] == "canonical" and lines[0]["status"] == "ok"
+    assert lines[0].kind == "canonical" and lines[0].status == "ok"
     lines = lines[1:]
-    statuses = [(r["trial"], r["status"], r["reason"]) for r in lines]
-    assert len(lines) == 7 and lines[0]["status"] == "ok", statuses
+    statuses = [(r.trial, r.status, r.reason) for r in lines]
+    assert len(lines) == 7 and lines[0].status == "ok", statuses
     cuda = lines[1]
-    assert cuda["params"]["run.device"] == "cuda" and cuda["status"] == "failed", statuses
-    assert "rank" in cuda["reason"], cuda["reason"]
+    assert cuda.params["run.device"] == "cuda" and cuda.status == "failed", statuses
+    assert "rank" in cuda.reason, cuda.reason
     assert any(s == "failed" and "lost a rank" in (why or "") for _, s, why in statuses), statuses
     assert any(s == "timeout" for _, s, _ in statuses), statuses
     assert any(s == "ok" for _, s, _ in statuses[3:]), statuses  # the rebuilt group measures again
@@ -235,7 +236,7 @@ def test_failing_trials_are_recorded_and_the_sweep_goes_on(ray_address, sweep_fi
 @pytest.mark.timeout(60)
 def test_resume_tells_a_measured_trial_from_the_ledger_and_requeues_an_unmeasured_one(sweep_file):
     """The two ways a driver dies mid-trial: after its ledger line (told from the ledger) or before (re-queued)."""
-    from orchestrator.ledger import record
+    from orchestrator.record import Metrics, TrialRecord
     from orchestrator.space import suggest
     from orchestrator.sweep import Sweep
 
@@ -243,16 +244,15 @@ def test_resume_tells_a_measured_trial_from_the_ledger_and_requeues_an_unmeasure
     first = Sweep(cfg)
     first.recover()  # a new study: the baseline is queued
     measured = first.study.ask()
-    params, _ = suggest(measured, cfg.space, first.configs.fixed, first.configs.split_context)
-    first.ledger.append(record(sweep="t", trial=measured.number, kind="baseline", backend="ray", params=params,
-                               config={}, status="ok", reason=None, result=None, prediction=None, parity=None,
-                               metrics={"step_time_s": 0.5}, meets_target=False, wall_s=1.0, overhead_s=0.1,
-                               started_at=0.0, finished_at=1.0))
+    params, _ = suggest(measured, cfg.space, first.backend.configs.fixed, first.backend.configs.split_context)
+    first.ledger.append(TrialRecord(sweep="t", trial=measured.number, kind="baseline", backend="ray", params=params,
+                                    config={}, status="ok", reason=None, metrics=Metrics(step_time_s=0.5),
+                                    meets_target=False, wall_s=1.0, overhead_s=0.1, started_at=0.0, finished_at=1.0))
     lost = first.study.ask()
-    lost_params, _ = suggest(lost, cfg.space, first.configs.fixed, first.configs.split_context)
+    lost_params, _ = suggest(lost, cfg.space, first.backend.configs.fixed, first.backend.configs.split_context)
     half = first.study.ask()
     with pytest.raises(KeyboardInterrupt):  # killed after its first suggest, before the rest were drawn
-        suggest(_DiesAfter(half, 1), cfg.space, first.configs.fixed, first.configs.split_context)
+        suggest(_DiesAfter(half, 1), cfg.space, first.backend.configs.fixed, first.backend.configs.split_context)
     drawn = study_of(cfg).trials[2].params
     assert len(drawn) == 1 and len(lost_params) > 1
     # ... the driver dies here: trial 0 has its ledger line but was never told, trials 1 and 2 have neither.
@@ -269,7 +269,7 @@ def test_resume_tells_a_measured_trial_from_the_ledger_and_requeues_an_unmeasure
     # Re-asked, the half-drawn trial keeps the param it had and gets the rest from the sampler.
     again.study.ask()
     redo = again.study.ask()
-    params, _ = suggest(redo, cfg.space, again.configs.fixed, again.configs.split_context)
+    params, _ = suggest(redo, cfg.space, again.backend.configs.fixed, again.backend.configs.split_context)
     assert redo.number == 4 and drawn.items() <= params.items() and len(params) > len(drawn)
 
 
@@ -294,10 +294,10 @@ class _DiesAfter:
 def test_a_met_target_is_confirmed_and_stops_the_sweep(ray_address, sweep_file):
     cfg = load_sweep(sweep_file(), ["search.n_trials=8", "target.step_time_s=30", "confirm.repeats=1"])
     summary, lines = run_sweep(cfg)
-    assert [(r["kind"], r["trial"], r["meets_target"]) for r in lines] == [
+    assert [(r.kind, r.trial, r.meets_target) for r in lines] == [
         ("canonical", 0, False), ("baseline", 0, True), ("confirm", 0, True)]  # a reference run is no candidate
     lines = lines[1:]
-    assert lines[1]["repeat"] == 1 and lines[1]["parity"]["passed"]
+    assert lines[1].repeat == 1 and lines[1].parity.passed
     assert summary["target_met"] and summary["winner_trial"] == 0
     assert summary["stopped_because"] == "trial 0 met the target, passed parity and was confirmed"
     again, lines = run_sweep(cfg)  # rerunning a finished sweep measures nothing more
@@ -305,7 +305,7 @@ def test_a_met_target_is_confirmed_and_stops_the_sweep(ray_address, sweep_file):
     # With search.min_trials the met target does not end the search before that many trials are finished.
     more, lines = run_sweep(load_sweep(sweep_file(), ["search.n_trials=8", "target.step_time_s=30",
                                                       "confirm.repeats=1", "search.min_trials=3"]))
-    assert len([r for r in lines if r["kind"] in ("baseline", "trial")]) == 3 and more["target_met"]
+    assert len([r for r in lines if r.kind in ("baseline", "trial")]) == 3 and more["target_met"]
     assert more["stopped_because"] == "the target was already met and confirmed (after search.min_trials=3)"
 
 
@@ -319,12 +319,12 @@ def test_a_baseline_that_cannot_run_stops_the_sweep_with_its_reason(ray_address,
                                          r"timeout"):
         run_sweep(cfg)
     (line,) = Ledger(cfg.results_dir / "trials.jsonl").read()
-    assert line["kind"] == "canonical" and line["status"] == "timeout"
+    assert line.kind == "canonical" and line.status == "timeout"
     first, again = study_of(cfg).trials  # nothing was measured for the baseline: queued again, not counted
     assert first.state == TrialState.FAIL and again.state == TrialState.WAITING
     assert again.user_attrs == {"kind": "baseline", "requeued_from": 0}
     # Rerunning with a sane timeout measures the canonical run and the baseline, and goes on.
     summary, lines = run_sweep(load_sweep(sweep_file(), ["search.n_trials=3"]))
-    assert [(r["kind"], r["status"]) for r in lines][:3] == [("canonical", "timeout"), ("canonical", "ok"),
+    assert [(r.kind, r.status) for r in lines][:3] == [("canonical", "timeout"), ("canonical", "ok"),
                                                              ("baseline", "ok")]
     assert summary["baseline_trial"] == 1 and len(lines) == 5

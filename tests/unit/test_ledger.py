@@ -7,6 +7,7 @@ import json
 import pytest
 
 from orchestrator import ledger as L
+from orchestrator.record import TrialRecord
 
 
 def line(trial, kind="trial", status="ok", step=1.0, meets=False, **extra):
@@ -27,13 +28,13 @@ def test_record_has_the_schema_keys_in_order():
 def test_append_read_and_torn_tail(tmp_path):
     led = L.Ledger(tmp_path / "s" / "trials.jsonl")
     assert led.read() == []
-    led.append(line(0, "baseline"))
-    led.append(line(1, step=float("nan")))
+    led.append(TrialRecord.from_line(line(0, "baseline")))
+    led.append(TrialRecord.from_line(line(1, step=float("nan"))))
     with open(led.path, "a") as f:  # a driver killed mid-write
         f.write('{"sweep": "s", "tri')
-    assert [r["trial"] for r in led.read()] == [0, 1]
-    led.append(line(2))
-    assert [r["trial"] for r in led.read()] == [0, 1, 2]
+    assert [r.trial for r in led.read()] == [0, 1]
+    led.append(TrialRecord.from_line(line(2)))
+    assert [r.trial for r in led.read()] == [0, 1, 2]
     assert (tmp_path / "s" / "trials.jsonl.torn").read_text() == '{"sweep": "s", "tri\n'
     assert all(json.loads(x) for x in led.path.read_text().splitlines())
 

@@ -27,10 +27,10 @@ def test_every_prediction_carries_the_stored_band_and_basis():
 
 
 def test_model_backend_outcomes_carry_the_band():
-    from orchestrator.backends import ModelRunner, PlannerConfigs
+    from orchestrator.backends.planner_predictions import ModelRunner, PlannerConfigs
 
     configs = PlannerConfigs({"cluster": {"num_gpus": 2}, "parallel": {"dp": 2}}, {})
-    runner = ModelRunner(None, configs)
+    runner = ModelRunner()
     runner.submit(0, configs.build({"batch.micro_batch_size": 2}))
     [(_, out)] = runner.poll(0)
     assert out.status == "ok" and out.prediction["step_time_high_s"] > out.prediction["step_time_s"]

@@ -10,8 +10,9 @@ from orchestrator.planner import (BalancedSplit, ClusterSpec, Efficiency, FirstL
                                   SelectiveRecompute)
 from orchestrator.planner.knobs import Consts, encode
 from orchestrator.planner.memory import stage_memory
+from orchestrator.backends.ray_trials import prefilter_from_settings
 from orchestrator.prefilter import (REASON_PREFIX, MemoryPrefilter, load_cluster, mapping_notes, plan_for_trial,
-                                    prefilter_from_settings, prefilter_summary, prefilter_summary_text)
+                                    prefilter_summary, prefilter_summary_text)
 from trainer.config import TrainConfig, apply_overrides
 
 CPU = ClusterSpec(name="test-cpu", num_gpus=2, gpus_per_node=64, peak_tflops=0.16, hbm_gb=8.0, hbm_bw_GBps=10.0,

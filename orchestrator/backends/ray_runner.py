@@ -1,0 +1,147 @@
+"""Real runs on Ray: warm worker groups (orchestrator.workers), one trial per group at a time, and the
+classification of what came back (a Result, or why not: oom, timeout, nan, a lost node or actor)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import Any
+
+from orchestrator import REPO_ROOT
+from orchestrator.backends.base import RunOutcome
+
+log = logging.getLogger(__name__)
+
+
+class RayRunner:
+    """Real runs on ``slots`` warm worker groups (one trial per group at a time)."""
+
+    def __init__(self, cfg: Any, device: str):
+        from orchestrator import workers
+
+        res = cfg.resources
+        self.where = connect(cfg)
+        n = workers.groups_that_fit(res.world_size, res.cpus_per_rank, res.gpus_per_rank, res.concurrent_trials)
+        if n < res.concurrent_trials:
+            log.info(f"note: the cluster holds {n} worker group(s) of {res.world_size} ranks, not "
+                     f"resources.concurrent_trials={res.concurrent_trials}; running {n} at a time")
+        self.groups = [workers.WorkerGroup(res.world_size, res.cpus_per_rank, res.gpus_per_rank, res.placement,
+                                           device, start_timeout_s=max(60.0, res.trial_timeout_s))
+                       for _ in range(n)]
+        self.timeout_s = res.trial_timeout_s
+        self._cfgs: dict[int, Any] = {}
+        # After a failure the group is killed at once; the other ranks' pending results then die unread, on
+        # purpose. Ray would log each as an "unhandled error".
+        os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
+        self.groups[0].start()  # fail fast, before any trial, if the cluster cannot hold a group
+
+    @property
+    def slots(self) -> int:
+        return len(self.groups)
+
+    @property
+    def builds(self) -> int:
+        return sum(g.builds for g in self.groups)
+
+    def submit(self, slot: int, cfg: Any) -> None:
+        """Run ``cfg`` on group ``slot``, rebuilding it first if a failure killed it.
+
+        A group that cannot be rebuilt twice in a row is an infrastructure problem, not the config's: it raises
+        (GroupStartError) instead of being recorded against the trial, which would teach the sampler nonsense.
+        """
+        from orchestrator.workers import ClusterTooSmall, GroupStartError
+
+        try:
+            self.groups[slot].submit(cfg.to_dict(), self.timeout_s)
+        except ClusterTooSmall:
+            raise  # the alive nodes cannot hold the group: another try cannot help
+        except GroupStartError as e:
+            log.warning(f"rebuilding worker group {slot} failed ({e}); trying once more")
+            self.groups[slot].submit(cfg.to_dict(), self.timeout_s)
+        self._cfgs[slot] = cfg
+
+    def poll(self, timeout_s: float) -> list[tuple[int, RunOutcome]]:
+        import ray
+
+        done = []
+        pending = [r for g in self.groups for r in g.pending]
+        if pending:  # wakes on the first rank result anywhere, or after timeout_s to check the deadlines
+            ray.wait(pending, num_returns=1, timeout=timeout_s)
+        for slot, g in enumerate(self.groups):
+            if g.busy and (run := g.collect()) is not None:
+                done.append((slot, _outcome(self._cfgs.pop(slot), run)))
+        return done
+
+    def close(self) -> None:
+        for g in self.groups:
+            g.kill()
+
+
+def connect(cfg: Any) -> str:
+    from orchestrator import workers
+
+    res = cfg.resources
+    return workers.connect(cfg.ray.address, _runtime_env(cfg), temp_dir=cfg.ray.temp_dir, dashboard=cfg.ray.dashboard,
+                           num_cpus=int(math.ceil(res.world_size * res.cpus_per_rank)))
+
+
+def _runtime_env(cfg: Any) -> dict | None:
+    """On an existing cluster the actors need this repository's code: ship it as Ray's working_dir."""
+    if cfg.ray.runtime_env is not None or cfg.ray.address is None:
+        return cfg.ray.runtime_env
+    return {"working_dir": str(REPO_ROOT),
+            "excludes": [".venv/", ".git/", "results/", "mlruns/", "**/__pycache__/", ".pytest_cache/"]}
+
+
+def _outcome(cfg: Any, run: Any) -> RunOutcome:
+    """Classify what came back: a Result, or the status and reason of the failure; where the ranks ran."""
+    outcome = _classify(cfg, run)
+    outcome.placement = run.placement
+    return outcome
+
+
+def _classify(cfg: Any, run: Any) -> RunOutcome:
+    from trainer.run import NonFiniteLoss, finalize
+
+    if run.kind == "ok":
+        result = finalize(cfg, run.ranks)
+        work = sum(s.time_s for s in result.steps)
+        bad = [s.step for s in result.steps if not (math.isfinite(s.loss) and math.isfinite(s.grad_norm))]
+        if bad:
+            return RunOutcome("nan", f"non-finite loss or gradient norm at step {bad[0]}", result, wall_s=run.wall_s,
+                              work_s=work)
+        return RunOutcome("ok", None, result, wall_s=run.wall_s, work_s=work, traces=_traces(result, run.traces))
+    if run.kind == "timeout":
+        return RunOutcome("timeout", f"{run.error}; the worker group was killed and is rebuilt", wall_s=run.wall_s)
+    cause = getattr(run.error, "cause", None) or run.error
+    notes = " ".join(getattr(run.error, "__notes__", []))
+    text = f"{type(cause).__name__}: {_last_line(cause)}" + (f" ({notes})" if notes else "")
+    if run.kind == "lost_node":  # the notes: "node <id> (<host>, <ip>) lost", then "rank <r>"
+        lost, *rest = getattr(run.error, "__notes__", ["a node lost"])
+        return RunOutcome("lost", lost + (f" (with {' '.join(rest)})" if rest else ""), wall_s=run.wall_s)
+    if run.kind == "lost_actor":
+        return RunOutcome("lost", f"actor lost: a rank's actor was killed from outside (ray.kill) ({notes})",
+                          wall_s=run.wall_s)
+    if isinstance(cause, NonFiniteLoss):
+        return RunOutcome("nan", text, wall_s=run.wall_s)
+    if isinstance(cause, MemoryError) or "out of memory" in str(cause).lower() or "OutOfMemory" in type(cause).__name__:
+        return RunOutcome("oom", text, wall_s=run.wall_s)
+    if run.kind == "lost_rank":  # Ray's own text is a page of possible causes: its first sentence leads, for
+        # the progress line and the table (report.one_line); the page follows, for the ledger.
+        page = str(cause).strip()
+        first = page.splitlines()[0].split(". ")[0] if page else type(cause).__name__
+        return RunOutcome("failed", f"lost a rank: {first} ({notes})\n{page}", wall_s=run.wall_s)
+    return RunOutcome("failed", text, wall_s=run.wall_s)
+
+
+def _traces(result: Any, traces: list[bytes | None] | None) -> dict[str, bytes] | None:
+    from trainer.profile import trace_name
+
+    named = {trace_name(r.rank): t for r, t in zip(result.ranks, traces or []) if t}
+    return named or None
+
+
+def _last_line(e: BaseException) -> str:
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else "")[:500]

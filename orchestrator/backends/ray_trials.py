@@ -1,0 +1,205 @@
+"""Real trials on Ray: the trainer configs a space makes, their runs on warm worker groups, and their judgement.
+
+Owns the sweep file's ``trainer``/``trainer_config``, ``baseline``, ``resources``, ``ray`` and ``prefilter``
+sections; judges a result by parity (orchestrator.trust) and ``resources.memory_budget_gb``; adds
+``overhead_s``, ``probe`` and the ranks' ``placement`` to the ledger.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from orchestrator import parity, trust
+from orchestrator.backends.base import Judgement, RunOutcome, replay, within_budget
+from orchestrator.backends.ray_runner import RayRunner, connect
+from orchestrator.calibration import load_calibration
+from orchestrator.prefilter import SETTINGS, MemoryPrefilter, load_cluster
+from orchestrator.record import Probe
+from orchestrator.space import Space, params_for
+from trainer.config import TrainConfig, apply_overrides, flatten
+
+
+class TrainerConfigs:
+    """Trainer configs: trainer base + baseline overrides + a trial's overrides.
+
+    ``parallel.dp`` is always derived: world_size / parallel.pp.
+    """
+
+    def __init__(self, trainer: dict, baseline: dict, world_size: int, gpus_per_rank: float):
+        self.world_size = world_size
+        self.base = apply_overrides(trainer, {k: v for k, v in baseline.items() if k != "parallel.dp"})
+        given_dp = {**flatten(trainer), **baseline}.get("parallel.dp")
+        try:
+            self.baseline = self.build({})
+        except ValueError as e:
+            raise ValueError(f"baseline (trainer + baseline overrides): {e}") from None
+        # Trials start from the resolved baseline: every option carries its kind, so an override of one field
+        # of it (data_parallel.bucket_mb) lands in a complete option.
+        self.base = self.baseline.to_dict()
+        if given_dp is not None and given_dp != self.baseline.parallel.dp:
+            raise ValueError(f"baseline: parallel.dp={given_dp} but resources.world_size / parallel.pp = "
+                             f"{self.baseline.parallel.dp}; leave parallel.dp out, it is derived")
+        if (self.baseline.run.device == "cuda") != (gpus_per_rank > 0):
+            raise ValueError(f"resources.gpus_per_rank={gpus_per_rank} does not match the baseline's run.device="
+                             f"{self.baseline.run.device!r}: use gpus_per_rank >= 1 with cuda, 0 with cpu")
+        self.fixed = flatten(self.baseline.to_dict())
+
+    @property
+    def device(self) -> str:
+        return self.baseline.run.device
+
+    def build(self, overrides: Mapping[str, Any]) -> TrainConfig:
+        pp = overrides.get("parallel.pp", self.base.get("parallel", {}).get("pp", 1))
+        if not isinstance(pp, int) or pp < 1 or self.world_size % pp:
+            raise ValueError(f"parallel.pp={pp} does not divide resources.world_size={self.world_size} "
+                             f"(parallel.dp is derived as world_size / pp)")
+        return TrainConfig.from_dict(apply_overrides(self.base, {**overrides, "parallel.dp": self.world_size // pp}))
+
+    def split_context(self, flat: Mapping[str, Any]) -> tuple[int, int]:
+        return flat["model.n_layers"], flat["parallel.pp"] * flat["pipeline.virtual_stages"]
+
+    def baseline_params(self, space: Space) -> dict[str, Any]:
+        return params_for(space, self.fixed, [len(s) for s in self.baseline.stage_layers()])
+
+    def overrides_for(self, space: Space, params: Mapping[str, Any]) -> dict[str, Any]:
+        return replay(space, params, self.fixed, self.split_context)
+
+    def to_dict(self, cfg: TrainConfig) -> dict[str, Any]:
+        return cfg.to_dict()
+
+    def load(self, d: dict[str, Any]) -> TrainConfig:
+        return TrainConfig.from_dict(d)
+
+    def probe(self, cfg: TrainConfig, measured_steps: int) -> TrainConfig | None:
+        """The same config cut to warm-up + ``measured_steps`` updates, or None when that saves nothing."""
+        steps = cfg.run.warmup_steps + measured_steps
+        if steps >= cfg.run.steps:
+            return None
+        return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, steps=steps))
+
+
+class RayTrials:
+    """The ``ray`` backend: measured multi-rank training runs."""
+
+    name = "ray"
+    predicted = False
+    confirms = True
+
+    def __init__(self, cfg: Any):
+        if cfg.planner:
+            raise ValueError("planner: only used with backend: model")
+        if "parallel.dp" in cfg.space.override_keys:
+            raise ValueError("space.params.parallel.dp: dp is derived per trial as resources.world_size / parallel.pp")
+        self.cfg = cfg
+        res = cfg.resources
+        self.configs = TrainerConfigs(cfg.trainer, cfg.baseline, res.world_size, res.gpus_per_rank)
+        base_dir = Path(cfg.source).parent if cfg.source else Path(".")
+        self.prefilter = prefilter_from_settings(cfg.prefilter, base_dir, res.memory_budget_gb)
+        """Skips trials whose predicted peak memory exceeds the budget (orchestrator.prefilter); None: launch all."""
+
+    def join(self) -> None:
+        """Join Ray before the sweep writes anything; a ray.address nothing answers at is bad input (ValueError)."""
+        from orchestrator.workers import GroupStartError
+
+        try:
+            connect(self.cfg)
+        except GroupStartError as e:
+            raise ValueError(str(e)) from None
+
+    def runner(self) -> RayRunner:
+        return RayRunner(self.cfg, self.configs.device)
+
+    def reference_run(self, gate: trust.ParityGate, baseline: TrainConfig) -> TrainConfig | None:
+        return gate.canonical_to_run(baseline)
+
+    def judge(self, kind: str, outcome: RunOutcome, gate: trust.ParityGate,
+              runs: Sequence[RunOutcome]) -> Judgement:
+        """Parity against the trust chain (canonical -> baseline -> trials), then the memory budget."""
+        status, reason, verdict = outcome.status, outcome.reason, None
+        if status == "ok" and outcome.result is not None:
+            try:
+                if kind == "canonical":
+                    verdict = gate.judge_canonical(outcome.result)
+                elif kind == "baseline":
+                    repeats = [r.result for r in runs[1:] if r.status == "ok" and r.result is not None]
+                    verdict = gate.judge_baseline(outcome.result, repeats)
+                else:
+                    verdict = gate.judge(outcome.result)
+            except trust.TrustError as e:
+                status, reason, verdict = "infeasible", f"parity: {e}", e.verdict
+            if verdict is not None and not verdict["passed"] and status == "ok":
+                status, reason = "infeasible", f"parity: {parity.describe_failure(verdict)} (vs the reference)"
+        if kind != "canonical":  # a reference run: no budget applies to it
+            peak = outcome.result.summary.peak_memory_bytes if outcome.result is not None else None
+            status, reason = within_budget(status, reason, peak, self.cfg.resources.memory_budget_gb)
+        return Judgement(status, reason, verdict)
+
+    def guided_sampler(self, base: Any, records: Callable[[], Sequence[Any]]) -> Any:
+        from orchestrator import guided
+
+        return guided.sampler_for(self, base, records)
+
+    def ledger_fields(self, kind: str, config: Any, outcome: RunOutcome, status: str,
+                      runs: Sequence[RunOutcome]) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "overhead_s": sum(r.wall_s for r in runs) - sum(r.work_s for r in runs) if runs else None}
+        if outcome.placement:  # where each rank ran: host, ip, Ray node id, GPU ids (rank order)
+            fields["placement"] = outcome.placement
+        probe = runs[0] if kind == "trial" and (len(runs) == 2 or status == "pruned") else None
+        if probe is not None and probe.result is not None:
+            n = len(probe.result.steps)
+            fields["probe"] = Probe(steps=n, step_time_s=probe.result.summary.step_time_s, wall_s=probe.wall_s,
+                                    skipped_steps=config.run.steps - n if status == "pruned" else 0)
+        return fields
+
+
+def prefilter_from_settings(settings: Mapping[str, Any] | None, base_dir: str | Path = ".",
+                            default_budget_gb: float | None = None) -> MemoryPrefilter | None:
+    """A sweep file's ``prefilter:`` mapping -> a MemoryPrefilter, or None when absent or not enabled.
+
+    ``cluster`` and ``calibration`` paths are relative to ``base_dir`` (the sweep file's folder) unless
+    absolute or found from the working directory. ``memory_budget_gb`` is in GiB (2**30 bytes), the unit of
+    the sweep's ``resources.memory_budget_gb``, which is the default because both judge the same number;
+    without either the cluster's ``hbm_gb`` is the budget. Errors name ``prefilter.<field>``.
+    """
+    if not settings:
+        return None
+    if not isinstance(settings, Mapping):
+        raise ValueError("prefilter: expected a mapping (enabled, cluster, calibration, memory_budget_gb, margin)")
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise ValueError(f"prefilter.{unknown[0]}: unknown field; known: {', '.join(SETTINGS)}")
+    enabled = settings.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ValueError(f"prefilter.enabled: expected true or false, got {enabled!r}")
+    if not enabled:
+        return None
+    if not settings.get("cluster"):
+        raise ValueError("prefilter.cluster: required (e.g. search_spaces/clusters/cpu-local.yaml)")
+    try:
+        cluster, efficiency = load_cluster(_resolve(settings["cluster"], base_dir))
+    except ValueError as e:
+        raise ValueError(f"prefilter.cluster: {e}") from None
+    if settings.get("calibration"):
+        try:
+            efficiency = load_calibration(_resolve(settings["calibration"], base_dir))
+        except ValueError as e:
+            raise ValueError(f"prefilter.calibration: {e}") from None
+    budget_gb = settings.get("memory_budget_gb", default_budget_gb)
+    if budget_gb is not None and (isinstance(budget_gb, bool) or not isinstance(budget_gb, (int, float))
+                                  or budget_gb <= 0):
+        raise ValueError(f"prefilter.memory_budget_gb: expected a number > 0 (GiB), got {budget_gb!r}")
+    margin = settings.get("margin", 0.0)
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < 0:
+        raise ValueError(f"prefilter.margin: expected a number >= 0, got {margin!r}")
+    return MemoryPrefilter(cluster, efficiency, budget_bytes=budget_gb * 2**30 if budget_gb else None,
+                           margin=float(margin))
+
+
+def _resolve(path: str | Path, base_dir: str | Path) -> Path:
+    p = Path(path)
+    if p.is_absolute() or p.exists():
+        return p
+    return Path(base_dir) / p

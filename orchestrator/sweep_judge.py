@@ -1,0 +1,146 @@
+"""Judging and recording a finished job: the backend's verdict, the TrialRecord, the ledger, Optuna, MLflow.
+
+Order per record is fixed: the ledger line is flushed first (the source of truth), then Optuna is told,
+then MLflow; a failing store after the ledger loses nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Generator
+
+from orchestrator import guided, records_query as Q
+from orchestrator import report
+from orchestrator.backends import RunOutcome
+from orchestrator.ledger import Ledger
+from orchestrator.record import Metrics, ParityVerdict, TrialRecord
+from orchestrator.sweep_study import SweepStudy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    """One trial (or baseline, confirm or canonical run) in flight: a generator of the configs to run."""
+
+    kind: str
+    number: int
+    params: dict
+    config: Any
+    trial: Any = None
+    """The Optuna trial it tells (None for confirm and canonical runs, which are not trials of the study)."""
+    steps: Generator | None = None
+    started: float = field(default_factory=time.time)
+    runs: list = field(default_factory=list)
+    told: bool = False
+
+
+def metrics_of(outcome: RunOutcome) -> Metrics:
+    """A measured result's metrics, a prediction's, or none."""
+    if outcome.result is not None:
+        return Metrics.of_summary(outcome.result.summary)
+    if outcome.prediction is not None:
+        return Metrics.of_prediction(outcome.prediction)
+    return Metrics()
+
+
+class Recorder:
+    """Judges finished runs and writes them everywhere they go; holds the sweep's records."""
+
+    def __init__(self, cfg: Any, backend: Any, study: SweepStudy, ledger: Ledger, records: list[TrialRecord],
+                 gate: Any, progress: report.Progress):
+        self.cfg, self.backend, self.study, self.ledger, self.gate = cfg, backend, study, ledger, gate
+        self.progress = progress
+        self.records = records
+        """The ledger's records, read before the study was opened; each finished job's is appended."""
+        self.bookkeeping: list[float] = []
+        """Driver seconds per finished trial after its ledger line (Optuna, MLflow): not in any trial's wall."""
+        self.tracker, self.parent = self._open_tracker()
+
+    @property
+    def baseline_s(self) -> float | None:
+        return Q.baseline_s(self.records)
+
+    @property
+    def best_s(self) -> float | None:
+        best = Q.best_of(self.records)
+        return best.metrics.step_time_s if best else None
+
+    # ---- MLflow -------------------------------------------------------------------------------
+
+    def _open_tracker(self) -> tuple[Any, str | None]:
+        if not self.cfg.tracking.enabled:
+            return None, None
+        try:
+            from orchestrator.tracking import Tracker
+
+            tracker = Tracker(self.cfg.mlflow_uri, self.cfg.tracking.experiment)
+            return tracker, tracker.start_sweep(self.cfg.name, self.cfg.raw, self.cfg.target.seconds(self.baseline_s))
+        except Exception as e:  # tracking mirrors the ledger; the sweep does not depend on it
+            log.warning("MLflow tracking is off for this sweep: %s: %s", type(e).__name__, e)
+            return None, None
+
+    def track(self, what: str, *args: Any) -> None:
+        if self.tracker is not None:
+            try:
+                getattr(self.tracker, what)(self.parent, *args)
+            except Exception as e:
+                log.warning("MLflow %s failed (%s: %s); the ledger has it", what, type(e).__name__, e)
+
+    # ---- a finished job -----------------------------------------------------------------------
+
+    def tell(self, trial: Any, record: TrialRecord, same: TrialRecord | None = None) -> None:
+        self.study.tell(trial, record, self.baseline_s, same)
+
+    def finish(self, job: Job, outcome: RunOutcome, same: TrialRecord | None = None,
+               repeat: int | None = None) -> TrialRecord:
+        """Judge, record (ledger first), tell Optuna, mirror to MLflow; the record written."""
+        runs = [r for r in job.runs if r is not None]
+        verdict = self.backend.judge(job.kind, outcome, self.gate, runs)
+        status, metrics = verdict.status, metrics_of(outcome)
+        parity = ParityVerdict.from_dict(verdict.parity) if verdict.parity is not None else None
+        if same is not None:  # a repeated proposal: what the first measurement said, for the sampler and the table
+            metrics, parity = copy.deepcopy(same.metrics), same.parity
+        base = self.baseline_s or (metrics.step_time_s if job.kind == "baseline" and status == "ok" else None)
+        if metrics.step_time_s and base:
+            metrics.speedup_vs_baseline = base / metrics.step_time_s
+        target = self.cfg.target.seconds(base)
+        meets = (job.kind != "canonical" and status == "ok" and target is not None  # a reference run is no candidate
+                 and (metrics.step_time_s if metrics.step_time_s is not None else float("inf")) <= target)
+        run_name = f"trial{job.number}" + ("" if job.kind == "trial" else f"_{job.kind}{repeat or ''}")
+        fields = self.backend.ledger_fields(job.kind, job.config, outcome, status, runs)
+        if job.trial is not None:  # what a guided sampler's planner predicted for it ({} for other samplers)
+            fields.update(guided.planner_fields(self.study.study.sampler, job.params, metrics.to_dict(), job.number))
+        record = TrialRecord(
+            sweep=self.cfg.name, trial=job.number, kind=job.kind, backend=self.backend.name, params=job.params,
+            config=self.backend.configs.to_dict(job.config) if job.config is not None else {}, status=status,
+            reason=verdict.reason, metrics=metrics, meets_target=meets, wall_s=sum(r.wall_s for r in runs),
+            started_at=_ms(job.started), finished_at=_ms(time.time()), result=outcome.result, prediction=outcome.prediction,
+            parity=parity, repeat=repeat, duplicate_of=same.trial if same is not None else None,
+            # tracking logs them under the child run's traces/
+            artifacts=outcome.save_traces(self.cfg.results_dir / "traces" / run_name), **fields)
+        self.ledger.append(record)  # first: the source of truth
+        self.records.append(record)
+        t_book = time.perf_counter()
+        if job.trial is not None:
+            self.tell(job.trial, record, same)
+            job.told = True
+        # MLflow synchronously, between trials: in the background it would take CPU from the ranks being measured.
+        self.track("log_trial", record)
+        if Q.best_of(self.records) is record:
+            self.track("log_best", record)
+        self.bookkeeping.append(time.perf_counter() - t_book)
+        best = report.secs(self.best_s, self.backend.predicted)
+        self.progress.finished(record, len(Q.measured(self.records)), best, self.cfg.target.describe(base))
+        return record
+
+
+def _ms(epoch_s: float) -> datetime:
+    """A time at the ledger's precision (ISO text to the millisecond), so a record in memory equals it read back."""
+    t = datetime.fromtimestamp(epoch_s, timezone.utc)
+    return t.replace(microsecond=t.microsecond // 1000 * 1000)
+

@@ -1,0 +1,269 @@
+"""The sweep loop driven by a fake runner (no Ray): pruning, confirm repeats, min_trials, the target stop and
+each resume decision, with the real study (Optuna on sqlite), ledger, judge and parity gate.
+
+The fake runner answers each submitted config at once with a hand-made trainer Result whose step time is a
+function of the config (``pace``), so every decision the loop takes is scripted and checkable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from orchestrator.backends import RunOutcome
+from orchestrator.config import load_sweep
+from orchestrator.record import Metrics, TrialRecord
+from orchestrator.space import suggest
+from orchestrator.sweep import Sweep
+from trainer.profile import trace_name
+from trainer.result import RankResult, StepRecord, merge
+
+SPACE = {"params": {"batch.micro_batch_size": {"type": "categorical", "choices": [1, 2, 4]}}}
+PACE = {1: 2.0, 2: 1.0, 4: 0.5}
+"""Seconds per update by micro-batch size; the baseline runs micro-batch 2."""
+
+
+def result_for(cfg, pace: float):
+    """A two-rank Result with every update taking ``pace`` s and the same losses for every layout (parity passes)."""
+    ranks = [RankResult(rank=r, pp_rank=0, dp_rank=r, stage_ids=[0], layer_ids=[0], device_name="cpu",
+                        steps=[StepRecord(i, pace, 5.0 - 0.1 * i, 1.0, 256) for i in range(cfg.run.steps)],
+                        phase_s={}, reduce_start_after_backward_s=None, spans=[], memory={"peak_bytes": 1000},
+                        fingerprint={"w": [4.0, 1.0, 0]}, replica_max_abs_diff=0.0, peak_flops=None,
+                        peak_basis="none")
+             for r in range(2)]
+    return merge(ranks, config=cfg.to_dict(), n_microbatches=1, warmup_steps=cfg.run.warmup_steps,
+                 model_flops_per_step=1e6, hardware_flops_per_step=1e6, peak_memory_basis="test")
+
+
+class FakeRunner:
+    """The runner protocol (slots/submit/poll/close), answering from ``pace(cfg)`` without running anything."""
+
+    slots, builds, where = 1, 0, "a fake runner"
+
+    def __init__(self, pace=lambda cfg: PACE[cfg.batch.micro_batch_size], die_at: int | None = None):
+        self.pace, self.die_at = pace, die_at
+        self.submitted: list = []
+        self._done: list = []
+        self.closed = False
+
+    def submit(self, slot, cfg):
+        if self.die_at is not None and len(self.submitted) + 1 == self.die_at:
+            raise KeyboardInterrupt  # the driver is killed as this run starts
+        self.submitted.append(cfg)
+        pace = self.pace(cfg)
+        if isinstance(pace, str):
+            self._done.append((slot, RunOutcome(pace, f"scripted {pace}")))
+            return
+        wall = pace * cfg.run.steps
+        traces = {trace_name(r): b"trace" for r in range(2)}  # as run.profile_step would bring back
+        self._done.append((slot, RunOutcome("ok", None, result_for(cfg, pace), wall_s=wall + 0.1, work_s=wall,
+                                            traces=traces)))
+
+    def poll(self, timeout_s):
+        done, self._done = self._done, []
+        return done
+
+    def close(self):
+        self.closed = True
+
+
+class Quiet:
+    """report.Progress's interface, silent (the loop's decisions are what is checked here)."""
+
+    def __init__(self):
+        self.running: dict = {}
+
+    def started(self, number, kind, params):
+        self.running[number] = kind
+
+    def finished(self, record, done, best, target):
+        self.running.pop(record.trial, None)
+
+    def tick(self):
+        pass
+
+
+@pytest.fixture
+def config(sweep_file):
+    def make(*dotlist, **changes):
+        changes.setdefault("space", SPACE)
+        changes.setdefault("search", {"n_trials": 4, "wall_time_s": None})
+        return load_sweep(sweep_file(**changes), list(dotlist))
+    return make
+
+
+def open_sweep(cfg) -> Sweep:
+    sweep = Sweep(cfg)
+    sweep.progress = sweep.recorder.progress = Quiet()
+    return sweep
+
+
+def run_loop(cfg, runner: FakeRunner | None = None) -> tuple[Sweep, FakeRunner]:
+    runner = runner or FakeRunner()
+    sweep = open_sweep(cfg)
+    sweep.backend.runner = lambda: runner
+    try:
+        if (started := sweep.start()) is not None:
+            sweep.drive(started)
+    finally:
+        sweep.study.release()
+    return sweep, runner
+
+
+def trials_of(cfg) -> list:
+    return optuna.load_study(study_name=cfg.name, storage=cfg.optuna_url).trials
+
+
+def by_trial(sweep, kind="trial") -> dict[int, TrialRecord]:
+    return {r.trial: r for r in sweep.records if r.kind == kind}
+
+
+def test_a_clearly_slower_probe_is_pruned_and_a_fast_one_measured_in_full(config):
+    cfg = config(pruning={"enabled": True, "after_steps": 2, "slower_than_best": 1.2},
+                 enqueue=[{"batch.micro_batch_size": 1}, {"batch.micro_batch_size": 4}])
+    sweep, runner = run_loop(cfg)
+    steps, probe_steps = cfg.built.configs.baseline.run.steps, cfg.built.configs.baseline.run.warmup_steps + 2
+    assert [r.kind for r in sweep.records[:2]] == ["canonical", "baseline"]  # the trust chain first
+    slow, fast = by_trial(sweep)[1], by_trial(sweep)[2]
+    assert slow.params == {"batch.micro_batch_size": 1} and slow.status == "pruned"
+    assert slow.reason.startswith("probe: fastest of 2 measured updates 2000.0 ms > 1.2 x best 1000.0 ms")
+    assert (slow.probe.steps, slow.probe.skipped_steps) == (probe_steps, steps - probe_steps)
+    assert fast.status == "ok" and fast.metrics.step_time_s == 0.5 and fast.probe.skipped_steps == 0
+    assert fast.overhead_s == pytest.approx(0.2)  # two runs (probe + full), 0.1 s outside updates each
+    # The pruned trial ran its probe only; the fast one its probe, then the full measurement.
+    mbs = [(c.batch.micro_batch_size, c.run.steps) for c in runner.submitted]
+    assert (1, steps) not in mbs and (1, probe_steps) in mbs and [(4, probe_steps), (4, steps)] == \
+        [m for m in mbs if m[0] == 4]
+    states = {t.number: t.state for t in trials_of(cfg)}
+    assert states[1] == TrialState.PRUNED and states[2] == TrialState.COMPLETE
+    assert runner.closed and sweep.stop_reason is None  # the budget, not a target, ended it
+    assert sweep.records == sweep.ledger.read()  # what the loop holds is what the ledger reads back
+    assert [Path(p).name for p in fast.artifacts] == [trace_name(0), trace_name(1)]
+    assert all(Path(p).is_file() for p in fast.artifacts) and fast.result.ranks[0].trace_file == fast.artifacts[0]
+
+
+def test_a_winner_is_confirmed_then_the_target_stops_the_sweep(config):
+    cfg = config("target.step_time_s=0.6", "confirm.repeats=2", "search.n_trials=6",
+                 enqueue=[{"batch.micro_batch_size": 4}])
+    sweep, runner = run_loop(cfg)
+    confirms = [r for r in sweep.records if r.kind == "confirm"]
+    assert [(c.trial, c.repeat, c.meets_target) for c in confirms] == [(1, 1, True), (1, 2, True)]
+    assert sweep.stop_reason == "trial 1 met the target, passed parity and was confirmed"
+    assert [r.kind for r in sweep.records][-2:] == ["confirm", "confirm"]  # nothing ran after the confirmation
+    assert sweep.study.finished() == 2  # baseline + the winner: far below search.n_trials=6
+
+
+def test_a_confirm_run_that_misses_the_target_does_not_stop_the_sweep(config):
+    calls = {"n": 0}
+
+    def pace(cfg):
+        if cfg.batch.micro_batch_size != 4:
+            return PACE[cfg.batch.micro_batch_size]
+        calls["n"] += 1
+        return 0.5 if calls["n"] == 1 else 0.9  # measured fast once, then slower on the confirm run
+
+    cfg = config("target.step_time_s=0.6", "confirm.repeats=2", enqueue=[{"batch.micro_batch_size": 4}])
+    sweep, _ = run_loop(cfg, FakeRunner(pace))
+    confirms = [r for r in sweep.records if r.kind == "confirm"]
+    assert [(c.repeat, c.meets_target) for c in confirms] == [(1, False)]  # the second repeat is not run
+    assert sweep.stop_reason is None and sweep.study.finished() == 4  # the budget ended it
+
+
+def test_confirm_repeats_zero_stops_at_the_first_trial_under_the_target(config):
+    cfg = config("target.step_time_s=0.6", "confirm.repeats=0", enqueue=[{"batch.micro_batch_size": 4}])
+    sweep, _ = run_loop(cfg)
+    assert not [r for r in sweep.records if r.kind == "confirm"]
+    assert sweep.stop_reason == "trial 1 meets the target (confirm.repeats=0)"
+
+
+def test_min_trials_keeps_searching_after_the_confirmation(config):
+    cfg = config("target.step_time_s=0.6", "confirm.repeats=1", "search.n_trials=8", "search.min_trials=5",
+                 enqueue=[{"batch.micro_batch_size": 4}])
+    sweep, _ = run_loop(cfg)
+    kinds = [r.kind for r in sweep.records if r.kind != "canonical"]
+    assert kinds[:3] == ["baseline", "trial", "confirm"] and kinds[3:] == ["trial"] * 3
+    assert sweep.study.finished() == 5
+    assert sweep.stop_reason == ("trial 1 met the target, passed parity and was confirmed "
+                                 "(after search.min_trials=5)")
+
+
+def test_resume_tells_a_recorded_running_trial_and_requeues_an_unrecorded_one(config):
+    cfg = config()
+    first = open_sweep(cfg)
+    first.recover()  # a new study: the baseline is queued
+    measured = first.study.ask()
+    params, _ = suggest(measured, cfg.space, first.backend.configs.fixed, first.backend.configs.split_context)
+    first.ledger.append(TrialRecord(
+        sweep=cfg.name, trial=measured.number, kind="baseline", backend="ray", params=params, config={},
+        status="ok", reason=None, metrics=Metrics(step_time_s=0.5), meets_target=False, wall_s=1.0, overhead_s=0.1,
+        started_at=0.0, finished_at=1.0))
+    lost = first.study.ask()
+    lost_params, _ = suggest(lost, cfg.space, first.backend.configs.fixed, first.backend.configs.split_context)
+    first.study.release()
+    # ... the driver dies here: trial 0 has its ledger line but was never told, trial 1 has neither.
+    again = open_sweep(cfg)
+    try:
+        again.recover()
+    finally:
+        again.study.release()
+    trials = trials_of(cfg)
+    assert trials[0].state == TrialState.COMPLETE and trials[0].value == 0.5
+    assert trials[0].user_attrs["status"] == "ok"
+    assert trials[1].state == TrialState.FAIL
+    assert trials[2].state == TrialState.WAITING and trials[2].user_attrs["requeued_from"] == 1
+    assert trials[2].system_attrs["fixed_params"] == lost_params
+    assert len(trials) == 3  # the baseline is measured, so it is not queued again
+
+
+def test_resume_queues_the_confirm_run_of_an_unconfirmed_winner(config):
+    cfg = config("target.step_time_s=0.6", "confirm.repeats=1", enqueue=[{"batch.micro_batch_size": 4}])
+    # canonical, baseline, the winner, then killed as its confirm run starts
+    with pytest.raises(KeyboardInterrupt):
+        run_loop(cfg, FakeRunner(die_at=4))
+    again = open_sweep(cfg)
+    again.backend.runner = FakeRunner
+    try:
+        again.recover()
+        assert [(j.kind, j.number, j.config.batch.micro_batch_size) for j in again.queue] == [("confirm", 1, 4)]
+        again.drive(FakeRunner())
+    finally:
+        again.study.release()
+    assert [(r.kind, r.trial, r.repeat) for r in again.records][-1] == ("confirm", 1, 1)
+    assert again.stop_reason == "trial 1 met the target, passed parity and was confirmed"
+
+
+def test_resume_of_a_new_or_failed_baseline_queues_the_baseline(config):
+    cfg = config()
+    fresh = open_sweep(cfg)
+    try:
+        fresh.recover()
+    finally:
+        fresh.study.release()
+    (waiting,) = trials_of(cfg)
+    assert waiting.state == TrialState.WAITING and waiting.user_attrs["kind"] == "baseline"
+    assert waiting.system_attrs["fixed_params"] == cfg.built.configs.baseline_params(cfg.space)
+    # The baseline fails (here: out of memory): it is queued again, not counted, and the sweep stops on it.
+    from orchestrator.sweep import SweepError
+
+    with pytest.raises(SweepError, match="the baseline \\(trial 0\\) did not run: oom"):
+        run_loop(cfg, FakeRunner(lambda c: "oom" if c.parallel.pp == 2 else 1.0))
+    again = open_sweep(cfg)
+    try:
+        again.recover()
+    finally:
+        again.study.release()
+    states = [(t.state, t.user_attrs.get("kind")) for t in trials_of(cfg)]
+    assert states[0] == (TrialState.FAIL, "baseline") and states[-1] == (TrialState.WAITING, "baseline")
+    assert sum(s == TrialState.WAITING for s, _ in states) == 1  # queued once, not once per resume
+
+
+def test_a_ledger_that_does_not_load_leaves_no_study_behind(config):
+    cfg = config()
+    cfg.results_dir.mkdir(parents=True)
+    (cfg.results_dir / "trials.jsonl").write_text("{not json\n")
+    with pytest.raises(ValueError, match="trials.jsonl:1: not a JSON line"):
+        Sweep(cfg)
+    assert optuna.get_all_study_names(cfg.optuna_url) == []  # so a fixed ledger resumes into a fresh study
