@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from orchestrator.ledger import Ledger
-from orchestrator.parity import Tolerance
+from orchestrator.parity import Tolerance, describe_failure
 from trainer.mapping import flatten
 from trainer.result import Result, Summary
 
@@ -47,6 +47,8 @@ class Kind(enum.StrEnum):
     BASELINE = "baseline"
     TRIAL = "trial"
     CONFIRM = "confirm"
+    CANONICAL = "canonical"
+    """The reference run of the baseline's maths in the simplest layout (orchestrator.trust); no candidate."""
 
 
 class Status(enum.StrEnum):
@@ -152,6 +154,10 @@ class ParityVerdict:
     """The first step that differed beyond tolerance; None when passed."""
     first_fail_metric: str | None = None
     """What differed there: loss, grad_norm, parameters, replicas, steps, maths settings."""
+    first_fail_diff: float | None = None
+    """The failing metric's difference at that step (absent on lines older than it)."""
+    first_fail_tolerance: float | None = None
+    """That metric's own tolerance (absent on lines older than it)."""
     max_loss_rel_diff: float | None = None
     """Largest per-step loss difference, relative to the baseline's."""
     max_grad_norm_rel_diff: float | None = None
@@ -182,6 +188,10 @@ class ParityVerdict:
         d = _dict(self)
         d["tolerance"] = dataclasses.asdict(self.tolerance) if self.tolerance is not None else None
         return d
+
+    def describe_failure(self) -> str:
+        """One line: the metric that failed, at which step, by how much against which tolerance."""
+        return describe_failure(self.to_dict())
 
 
 @dataclass
@@ -254,6 +264,8 @@ class TrialRecord:
     """A repeated proposal that was not run again: the trial whose measurement it reuses."""
     artifacts: list[str] = field(default_factory=list)
     """Files the trial's ranks wrote (profiler traces), logged to the MLflow child run."""
+    placement: list[dict[str, Any]] | None = None
+    """Where each rank ran, in rank order: host, ip, Ray node id, GPU ids, pid (ray backend; None otherwise)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Top-level keys this version does not know (another writer's, e.g. a placement); kept and written back."""
 
@@ -302,7 +314,8 @@ class TrialRecord:
             "prediction": self.prediction,
         }
         optional = {"probe": self.probe.to_dict() if self.probe else None, "repeat": self.repeat,
-                    "duplicate_of": self.duplicate_of, "artifacts": self.artifacts or None}
+                    "duplicate_of": self.duplicate_of, "artifacts": self.artifacts or None,
+                    "placement": self.placement}
         line.update({k: v for k, v in optional.items() if v is not None})
         clash = set(self.extra) & (set(line) | {"result"})
         if clash:

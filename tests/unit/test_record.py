@@ -89,22 +89,35 @@ def test_a_probe_result_keeps_only_its_changed_config_values(lines):
     assert TrialRecord.from_line(out).result.config == line["result"]["config"]
 
 
+def test_placement_and_canonical_lines_load(lines):
+    """Keys the Ray and parity work added to the sweep's lines are typed fields, not extra."""
+    line = lines[2]
+    line["placement"] = [{"rank": 0, "host": "h", "ip": "10.0.0.1", "node_id": "n1", "gpu_ids": [], "pid": 7}]
+    line["parity"].update(first_fail_diff=None, first_fail_tolerance=None)
+    rec = TrialRecord.from_line(line)
+    assert rec.placement == line["placement"] and rec.extra == {} and rec.parity.extra == {}
+    assert TrialRecord.from_line(rec.to_line()) == rec
+    canonical = dict(lines[0], kind="canonical", params={})
+    assert TrialRecord.from_line(canonical).kind is Kind.CANONICAL
+    assert Q.measured([TrialRecord.from_line(canonical)]) == []  # a reference run is no candidate
+
+
 def test_unknown_keys_are_kept_not_dropped(lines):
     line = lines[2]
-    line["placement"] = [{"rank": 0, "node": "n1"}, {"rank": 1, "node": "n1"}]
+    line["scheduler"] = {"queue": "a", "slots": [0, 1]}  # a newer writer's key this version does not know
     line["metrics"]["new_metric"] = 1.5
     line["parity"]["canonical"] = "passed"
     rec = TrialRecord.from_line(line)
-    assert rec.extra == {"placement": line["placement"]} and rec.metrics.extra == {"new_metric": 1.5}
+    assert rec.extra == {"scheduler": line["scheduler"]} and rec.metrics.extra == {"new_metric": 1.5}
     out = rec.to_line()
-    assert out["placement"] == line["placement"] and out["metrics"]["new_metric"] == 1.5
+    assert out["scheduler"] == line["scheduler"] and out["metrics"]["new_metric"] == 1.5
     assert out["parity"]["canonical"] == "passed" and TrialRecord.from_line(out) == rec
     with pytest.raises(ValueError, match=r"TrialRecord.extra: \['status'\]"):
         dataclasses.replace(rec, extra={"status": "ok"}).to_line()
 
 
 @pytest.mark.parametrize("key,value,match", [
-    ("kind", "trail", r"TrialRecord.kind='trail': must be one of \['baseline', 'trial', 'confirm'\]"),
+    ("kind", "trail", r"TrialRecord.kind='trail': must be one of \['baseline', 'trial', 'confirm', 'canonical'\]"),
     ("status", "crashed", r"TrialRecord.status='crashed': must be one of \['ok', 'failed'"),
     ("trial", -1, r"TrialRecord.trial=-1"),
     ("meets_target", "yes", r"TrialRecord.meets_target='yes'"),
