@@ -12,7 +12,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from orchestrator.record import TrialRecord
+from orchestrator.record import Metrics, TrialRecord
 from orchestrator.tracking import Tracker, tracking_uri_for
 from trainer.config import TrainConfig, apply_overrides, flatten
 from trainer.result import RankResult, Span, StepRecord, merge
@@ -220,11 +220,11 @@ def test_real_trainer_result(store, tmp_path):
     cfg = TrainConfig.from_dict({"model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "seq_len": 16},
                                  "batch": {"global_batch": 4, "micro_batch_size": 1}, "parallel": {"pp": 2, "dp": 1},
                                  "run": {"steps": 4, "warmup_steps": 1}})
-    result = launch.spawn(cfg).to_dict()
-    record = {"sweep": "real", "trial": 0, "kind": "baseline", "backend": "ray", "params": {},
-              "config": cfg.to_dict(), "status": "ok", "reason": None, "result": result, "prediction": None,
-              "parity": None, "metrics": {"step_time_s": result["summary"]["step_time_s"]}, "meets_target": None,
-              "wall_s": 1.0, "overhead_s": 0.1, "started_at": None, "finished_at": None}
+    result = launch.spawn(cfg)
+    record = TrialRecord(sweep="real", trial=0, kind="baseline", backend="ray", params={}, config=cfg.to_dict(),
+                         status="ok", reason=None, result=result, metrics=Metrics.of_summary(result.summary),
+                         meets_target=False, wall_s=1.0, overhead_s=0.1, started_at=time.time() - 1,
+                         finished_at=time.time())
     parent = tracker.start_sweep("real", {}, None)
     run_id = tracker.log_trial(parent, record)
     assert _png_ok(tracker.client, run_id, "timeline.png", tmp_path / "dl")
