@@ -3,8 +3,8 @@
     PYTHONPATH=. .venv/bin/python bench/landscape.py [--config search_spaces/default.yaml] [--repeats 3]
         [--buckets 0.05,0.5,5] [--limit N] [--out bench/results/landscape_default.json]
 
-Each run goes through the sweep's own path: ``backends.TrainerConfigs`` builds the trainer config from the
-space's params, ``backends.RayRunner`` runs it on the warm Ray worker group (one actor per rank, gloo),
+Each run goes through the sweep's own path: the ray backend's ``TrainerConfigs`` builds the trainer config from the
+space's params, its ``RayRunner`` runs it on the warm Ray worker group (one actor per rank, gloo),
 ``parity.compare`` judges it against the baseline's first run. Rounds are round-robin over the configs, in
 a new shuffled order each round, so slow drift of a shared machine spreads over all configs instead of
 following one. Every run is appended (fsynced) to ``<out>.samples.jsonl`` as it lands; a rerun resumes
@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from orchestrator import backends, parity  # noqa: E402
+from orchestrator.backends.ray_trials import RayTrials, TrainerConfigs  # noqa: E402
 from orchestrator.config import SweepConfig, load_sweep  # noqa: E402
 from orchestrator.space import enumerate_space  # noqa: E402
 
@@ -45,7 +46,7 @@ def key_of(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True)
 
 
-def landscape_configs(cfg: SweepConfig, configs: backends.TrainerConfigs, buckets: list[float]
+def landscape_configs(cfg: SweepConfig, configs: TrainerConfigs, buckets: list[float]
                       ) -> list[dict[str, Any]]:
     """Every params set of the space, float params replaced by ``buckets`` (each low end becomes all of them)."""
     floats = [p.name for p in cfg.space.params if p.type == "float"]
@@ -83,9 +84,10 @@ def machine() -> dict[str, Any]:
 class Measurer:
     """Runs trainer configs on the sweep's Ray runner; judges parity against the baseline's first run."""
 
-    def __init__(self, cfg: SweepConfig, configs: backends.TrainerConfigs):
-        self.configs, self.cfg = configs, cfg
-        self.runner = backends.RayRunner(cfg, configs, log=lambda m: print(m, flush=True))
+    def __init__(self, cfg: SweepConfig, backend: RayTrials):
+        self.configs, self.cfg = backend.configs, cfg
+        backend.join()
+        self.runner = backend.runner()
         self.reference: dict | None = None
 
     def run(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -209,7 +211,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--repeats: need at least 1")
     buckets = [float(b) for b in args.buckets.split(",")]
     cfg = load_sweep(args.config, [f"ray.temp_dir=/tmp/steptune-ray-landscape-{os.getpid()}"], check=False)
-    configs = backends.configs_for(cfg)
+    backend = backends.build(cfg)
+    configs = backend.configs
     params_list = landscape_configs(cfg, configs, buckets)
     base_params = configs.baseline_params(cfg.space)
     if args.limit:
@@ -240,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
         doc = write(out, header, params_list, samples)
         print(f"wrote {out}: {doc['n_measured']} configs measured; true best {doc['true_best']}")
         return
-    meas = Measurer(cfg, configs)
+    meas = Measurer(cfg, backend)
     t0, done = time.perf_counter(), 0
     try:
         # The baseline's first run is the parity reference, so it always runs first (also on resume).

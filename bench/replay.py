@@ -27,6 +27,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
@@ -62,7 +63,7 @@ class Landscape:
     def from_doc(cls, doc: dict) -> "Landscape":
         cfg = load_sweep(ROOT / doc["source"], check=False)
         rows = {r["key"]: r for r in doc["configs"]}
-        return cls(doc, cfg, backends.configs_for(cfg), rows, doc.get("discretised", {}))
+        return cls(doc, cfg, backends.build(cfg).configs, rows, doc.get("discretised", {}))
 
     @property
     def best_s(self) -> float:
@@ -102,7 +103,7 @@ class SeedResult:
 
 def make_sampler(strategy: str, land: Landscape, seed: int, lines: Callable[[], list],
                  ranking: guided.PlannerRanking | None) -> optuna.samplers.BaseSampler:
-    from orchestrator.sweep import _sampler
+    from orchestrator.sweep_study import _sampler
 
     cfg = dataclasses.replace(land.cfg, sampler=dataclasses.replace(land.cfg.sampler, kind="tpe", seed=seed))
     tpe = _sampler(cfg)  # TPE exactly as the sweep file configures it
@@ -205,15 +206,16 @@ def _tell(study: optuna.Study, trial: optuna.Trial, value: float, row: dict | No
 _CONFIGS: dict[str, dict] = {}
 
 
-def _line(land: Landscape, number: int, params: dict, row: dict, i: int) -> dict:
-    """A ledger-like line of one drawn sample (what calibration.ledger_records reads)."""
+def _line(land: Landscape, number: int, params: dict, row: dict, i: int) -> SimpleNamespace:
+    """One drawn sample as the guided sampler's refit reads a ledger record (``calibration.ledger_records``:
+    measured, status, trial, config, result.summary, result.phases); a replayed sample has nothing else."""
     if row["key"] not in _CONFIGS:
         _CONFIGS[row["key"]] = land.configs.build(land.configs.overrides_for(land.cfg.space, row["params"])).to_dict()
     phases = row.get("phases_samples_s") or [{}] * len(row["step_time_samples_s"])
-    return {"backend": "ray", "status": "ok" if row["status"] == "ok" else row["status"], "trial": number,
-            "config": _CONFIGS[row["key"]],
-            "result": {"summary": {"step_time_s": row["step_time_samples_s"][i]},
-                       "phases": {p: {"max": v} for p, v in phases[i].items()}}}
+    result = SimpleNamespace(summary=SimpleNamespace(step_time_s=row["step_time_samples_s"][i], peak_memory_bytes=None),
+                             phases={p: {"max": v} for p, v in phases[i].items()})
+    return SimpleNamespace(measured=True, status=SimpleNamespace(value="ok" if row["status"] == "ok" else row["status"]),
+                           trial=number, config=_CONFIGS[row["key"]], result=result)
 
 
 def synthetic(efficiency: Any, source: str = "search_spaces/default.yaml", noise_rel: float = 0.03,
@@ -226,7 +228,7 @@ def synthetic(efficiency: Any, source: str = "search_spaces/default.yaml", noise
     from orchestrator.prefilter import load_cluster
 
     cfg = load_sweep(ROOT / source, check=False)
-    configs = backends.configs_for(cfg)
+    configs = backends.build(cfg).configs
     cluster, _ = load_cluster(ROOT / DEFAULT_CLUSTER)
     ranking = guided.PlannerRanking(cfg.space, configs, cluster, efficiency)
     pred = ranking.predictions()

@@ -111,20 +111,18 @@ def _report_args(p: argparse.ArgumentParser) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    import yaml
-
     from orchestrator import report
-    from orchestrator.ledger import Ledger
+    from orchestrator.config import ConfirmConfig, load_saved_sweep
+    from orchestrator.record import read_records
     from orchestrator.target import parse_target
 
     ledger = pick_ledger(args)
-    records = Ledger(ledger).read()
+    records = read_records(ledger)
     if not records:
         raise ValueError(f"{ledger} is empty: nothing was measured yet")
-    saved = ledger.parent / "sweep.yaml"
-    raw = (yaml.safe_load(saved.read_text()) or {}) if saved.exists() else {}
-    target = parse_target(raw.get("target"))
-    repeats = (raw.get("confirm") or {}).get("repeats", 1)
+    saved = load_saved_sweep(ledger.parent)  # the target and confirm rule the sweep ran with
+    target = saved.target if saved else parse_target(None)
+    repeats = (saved.confirm if saved else ConfirmConfig()).repeats
     print(report.table(records))
     print()
     print(report.summary_text(report.summarize(records, target, repeats)))

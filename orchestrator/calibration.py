@@ -20,6 +20,8 @@ import yaml
 
 from orchestrator.planner import Calibration, ClusterSpec, Efficiency, calibrate
 from orchestrator.planner.calibrate import BOUNDS
+from orchestrator.record import TrialRecord, read_records
+from trainer.result import Result
 
 PHASE_METRICS = {"forward": "forward_s", "backward": "backward_incl_recompute_s", "optimizer": "optimizer_s",
                  "dp_comm_wait": "dp_exposed_s", "pipeline_idle": "pp_idle_s"}
@@ -43,27 +45,28 @@ class LedgerCalibration(Calibration):
     """(trial, why) for measured lines that could not be used (a config the planner cannot represent)."""
 
 
-def ledger_records(lines: Sequence[Mapping[str, Any]], cluster: ClusterSpec, efficiency: Efficiency | None = None,
+def ledger_records(lines: Sequence[TrialRecord], cluster: ClusterSpec, efficiency: Efficiency | None = None,
                    statuses: Sequence[str] = ("ok",), metrics: Sequence[str] = METRICS
                    ) -> tuple[list[dict[str, Any]], list[int], list[tuple[int, str]]]:
-    """Calibration records from ledger lines: measured ray-backend lines of the given statuses.
+    """Calibration records from a ledger's trial records: the measured ones (a real run's result) of the given
+    statuses; predictions and reused measurements are left out by what they are, not by backend name.
 
-    Returns (records, their trial numbers, (trial, why) for lines that were measured but not usable).
+    Returns (records, their trial numbers, (trial, why) for records that were measured but not usable).
     """
     from orchestrator.prefilter import plan_for_trial
     from trainer.config import TrainConfig
 
     records, used, skipped = [], [], []
     for line in lines:
-        if line.get("backend") != "ray" or line.get("status") not in statuses or not line.get("result"):
+        if not line.measured or line.status.value not in statuses:
             continue
-        trial = int(line.get("trial", -1))
+        trial = line.trial
         try:
-            plan = plan_for_trial(TrainConfig.from_dict(line["config"]), cluster, efficiency)
+            plan = plan_for_trial(TrainConfig.from_dict(line.config), cluster, efficiency)
         except ValueError as e:
             skipped.append((trial, str(e)))
             continue
-        measured = {k: v for k, v in _measured(line["result"]).items() if k in metrics}
+        measured = {k: v for k, v in _measured(line.result).items() if k in metrics}
         # With nothing to reduce or no pipeline the planner predicts exactly 0 for these, while the trainer
         # times the empty call: fitting that is fitting noise.
         if plan.parallel.dp == 1:
@@ -76,11 +79,11 @@ def ledger_records(lines: Sequence[Mapping[str, Any]], cluster: ClusterSpec, eff
     return records, used, skipped
 
 
-def _measured(result: Mapping[str, Any]) -> dict[str, float]:
-    summary = result.get("summary") or {}
-    out = {k: float(summary[k]) for k in ("step_time_s", "peak_memory_bytes") if summary.get(k)}
+def _measured(result: Result) -> dict[str, float]:
+    out = {k: float(getattr(result.summary, k)) for k in ("step_time_s", "peak_memory_bytes")
+           if getattr(result.summary, k)}
     for phase, name in PHASE_METRICS.items():
-        value = (result.get("phases") or {}).get(phase)
+        value = result.phases.get(phase)
         if isinstance(value, Mapping):
             value = value.get("max")
         if value is not None:
@@ -93,19 +96,17 @@ def calibrate_from_ledger(ledger_path: str | Path, cluster: ClusterSpec, efficie
                           metrics: Sequence[str] = METRICS, prior_weight: float | None = None) -> LedgerCalibration:
     """Fit ``fit`` (default ``CPU_FIT``) to a sweep's measured trials, starting from ``efficiency``.
 
-    Only ray-backend lines with a result and a status in ``statuses`` are used; add "infeasible" (measured,
+    Only measured records (a real run's result) with a status in ``statuses`` are used; add "infeasible" (measured,
     then rejected by parity or the memory budget) and "pruned" (a probe's few updates) for more points:
     their timings and memory are real measurements too. ValueError if nothing usable is left.
     """
-    from orchestrator.ledger import Ledger
-
     path = Path(ledger_path)
     if not path.is_file():
         raise ValueError(f"{path}: no ledger here (run the sweep first, or check --sweep / --results-dir)")
-    records, used, skipped = ledger_records(Ledger(path).read(), cluster, efficiency, statuses, metrics)
+    records, used, skipped = ledger_records(read_records(path), cluster, efficiency, statuses, metrics)
     if not records:
         why = f"; {len(skipped)} could not be mapped, first: trial {skipped[0][0]}: {skipped[0][1]}" if skipped else ""
-        raise ValueError(f"{path}: no measured ray trial with status {' or '.join(statuses)}{why}")
+        raise ValueError(f"{path}: no measured trial with status {' or '.join(statuses)}{why}")
     base = dataclasses.replace(records[0]["config"], efficiency=efficiency or records[0]["config"].efficiency)
     kwargs = {} if prior_weight is None else {"prior_weight": prior_weight}
     cal = calibrate(records, base, fit=tuple(fit or CPU_FIT), **kwargs)

@@ -255,6 +255,27 @@ def from_dict(data: dict[str, Any], source: Path | None = None) -> SweepConfig:
     return _cap_min_trials(cfg)
 
 
+def load_saved_sweep(results_dir: str | Path) -> SweepConfig | None:
+    """The config a sweep's driver saved beside its ledger (``<results_dir>/sweep.yaml``); None if there is none.
+
+    ``report`` and ``export`` judge a ledger by it (the target, the confirm rule, where MLflow is). Loaded like
+    any sweep file but not checked against the trainer (nothing is launched from it). A relative
+    ``trainer_config:`` pointed beside the original sweep file, which is not saved: where it does not resolve
+    from here it is left out, since every trial's full config is in its ledger record anyway.
+    """
+    path = Path(results_dir) / "sweep.yaml"
+    if not path.is_file():
+        return None
+    data = _read_yaml(path, "sweep.yaml")
+    trainer_file = data.get("trainer_config")
+    if isinstance(trainer_file, str) and not _relative(trainer_file, path).is_file():
+        data.pop("trainer_config")
+    try:
+        return from_dict(data, source=path)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e} (the sweep config saved by the driver; was it edited by hand?)") from None
+
+
 def _cap_min_trials(cfg: SweepConfig) -> SweepConfig:
     """A budget smaller than search.min_trials (e.g. ``search.n_trials=4`` on the default file) just works."""
     s = cfg.search

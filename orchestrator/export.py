@@ -14,6 +14,7 @@ config that changes what the model learns is the one mistake this tool exists to
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -21,9 +22,11 @@ from typing import Any
 
 import yaml
 
-from orchestrator.ledger import KINDS, Ledger
+from orchestrator import records_query as Q
+from orchestrator.config import load_saved_sweep
 from orchestrator.plan_verdict import verdict as plan_verdict, verdict_lines
 from orchestrator.megatron import format_args, megatron_args, megatron_args_for_plan
+from orchestrator.record import Kind, ParityVerdict, Status, TrialRecord, read_records
 from trainer.config import TrainConfig, flatten
 
 
@@ -42,26 +45,26 @@ def find_ledger(results_dir: Path, sweep: str | None = None) -> Path:
     return ledgers[-1]
 
 
-def read_ledger(path: Path) -> list[dict[str, Any]]:
-    """The ledger's lines (orchestrator.ledger reads them: a torn last line is skipped, a corrupt one
-    raises), baseline/trial/confirm only."""
+def read_ledger(path: Path) -> list[TrialRecord]:
+    """The ledger's records (a torn last line is skipped, a corrupt one raises), baseline/trial/confirm only:
+    a canonical reference run is no candidate for export."""
     if not Path(path).is_file():
         raise ValueError(f"no ledger at {path}")
-    return [r for r in Ledger(path).read() if r.get("kind") in KINDS and r.get("kind") != "canonical"]
+    return [r for r in read_records(path) if r.kind is not Kind.CANONICAL]
 
 
-def refusal(record: dict[str, Any]) -> str | None:
-    """Why this ledger line must not be exported unforced; None when it may be."""
-    name = f"trial {record.get('trial')} ({record.get('kind')})"
-    parity = record.get("parity")
+def refusal(record: TrialRecord) -> str | None:
+    """Why this record must not be exported unforced; None when it may be."""
+    name = f"trial {record.trial} ({record.kind.value})"
+    parity = record.parity
     # Parity first: the sweep marks a parity failure as status infeasible, and this is the reason to give.
-    if parity is not None and not parity.get("passed"):
+    if parity is not None and not parity.passed:
         return f"{name} failed parity: {_parity_failure(parity)}: it does not learn what the baseline learns"
-    status, reason = record.get("status"), record.get("reason")
-    if status != "ok":
-        what = "is infeasible" if status == "infeasible" else f"did not finish: status {status}"
+    status, reason = record.status, record.reason
+    if status is not Status.OK:
+        what = "is infeasible" if status is Status.INFEASIBLE else f"did not finish: status {status.value}"
         return f"{name} {what}" + (f": {reason}" if reason else "")
-    if parity is None and record.get("kind") != "baseline" and record.get("backend") != "model":
+    if parity is None and record.kind is not Kind.BASELINE and not record.predicted:
         # (The baseline is the parity reference itself; a cost-model prediction has no run to compare.)
         return f"{name} has no parity verdict: it was not checked against the baseline"
     return None
@@ -74,41 +77,40 @@ _METRIC = {"loss": ("loss", "max_loss_rel_diff", "loss_rel"),
 """first_fail_metric -> (what to call it, the verdict's worst difference of it, its tolerance's field)."""
 
 
-def _parity_failure(parity: dict[str, Any]) -> str:
+def _parity_failure(parity: ParityVerdict) -> str:
     """The metric that failed, its step, its difference and that metric's own tolerance (not the loss's)."""
-    metric = str(parity.get("first_fail_metric"))
+    metric = str(parity.first_fail_metric)
     label, worst, tol_key = _METRIC.get(metric.split(" (")[0], (metric, None, None))
     if metric.startswith("parameters ("):
         label += metric[len("parameters"):]
     # Ledger lines from before first_fail_diff existed: the worst difference of the failing metric.
-    diff = parity.get("first_fail_diff", parity.get(worst) if worst else None)
-    allowed = parity.get("first_fail_tolerance", (parity.get("tolerance") or {}).get(tol_key) if tol_key else None)
+    diff = parity.first_fail_diff if parity.first_fail_diff is not None else (
+        getattr(parity, worst) if worst else None)
+    allowed = parity.first_fail_tolerance if parity.first_fail_tolerance is not None else (
+        getattr(parity.tolerance, tol_key) if tol_key and parity.tolerance is not None else None)
     numbers = f" (difference {_g(diff)}, tolerance {_g(allowed)})" if diff is not None and allowed is not None else ""
-    return f"{label} differs at step {parity.get('first_fail_step')}{numbers}"
+    return f"{label} differs at step {parity.first_fail_step}{numbers}"
 
 
-def step_time(record: dict[str, Any]) -> float | None:
-    v = (record.get("metrics") or {}).get("step_time_s")
-    if v is None:
-        v = ((record.get("result") or {}).get("summary") or {}).get("step_time_s")
-    return float(v) if isinstance(v, (int, float)) else None
+def step_time(record: TrialRecord) -> float | None:
+    return record.metrics.step_time_s
 
 
-def pick(records: list[dict[str, Any]], trial: int | None, force: bool) -> tuple[dict[str, Any], str | None]:
-    """(record, forced-despite reason). Winner: fastest exportable line, confirmed repeats first."""
+def pick(records: list[TrialRecord], trial: int | None, force: bool) -> tuple[TrialRecord, str | None]:
+    """(record, forced-despite reason). Winner: fastest exportable record, confirmed repeats first."""
     if trial is None:
         ok = [r for r in records if refusal(r) is None and step_time(r) is not None]
         if not ok:
             raise ValueError("no trial in the ledger finished with parity passed; pick one with --trial N "
                              "(and --force to export it anyway)")
-        confirmed = [r for r in ok if r["kind"] == "confirm"]
+        confirmed = [r for r in ok if r.kind is Kind.CONFIRM]
         return min(confirmed or ok, key=step_time), None
-    mine = [r for r in records if r.get("trial") == trial]
+    mine = [r for r in records if r.trial == trial]
     if not mine:
-        have = sorted({r.get("trial") for r in records}, key=str)
+        have = sorted({r.trial for r in records})
         raise ValueError(f"trial {trial} is not in the ledger (trials: {have})")
     # A confirmation is the repeat measurement of the same config: prefer it, then the latest line.
-    ranked = sorted(reversed(mine), key=lambda r: (refusal(r) is None, r["kind"] == "confirm"), reverse=True)
+    ranked = sorted(reversed(mine), key=lambda r: (refusal(r) is None, r.kind is Kind.CONFIRM), reverse=True)
     why = refusal(ranked[0])
     if why and not force:
         raise ValueError(f"refusing to export: {why}. Use --force to export it anyway")
@@ -118,10 +120,10 @@ def pick(records: list[dict[str, Any]], trial: int | None, force: bool) -> tuple
 def export_trial(ledger_path: Path, trial: int | None, out_dir: Path, force: bool = False) -> list[Path]:
     records = read_ledger(ledger_path)
     record, forced = pick(records, trial, force)
-    head = f"# steptune export: sweep {record.get('sweep')}, trial {record.get('trial')} ({record.get('kind')})\n"
-    if record.get("backend") == "model":
-        # A cost-model line: its config is the planner's production-scale plan, not a trainer config.
-        config = record.get("config") or {}
+    head = f"# steptune export: sweep {record.sweep}, trial {record.trial} ({record.kind.value})\n"
+    if record.predicted:
+        # A cost-model record: its config is the planner's production-scale plan, not a trainer config.
+        config = record.config or {}
         args, notes = megatron_args_for_plan(config)
         name, text = "plan.yaml", head + "# the cost model's plan this prediction is for (not a trainer config)\n"
         from orchestrator.planner.parse import upgrade_plan_dict
@@ -135,9 +137,9 @@ def export_trial(ledger_path: Path, trial: int | None, out_dir: Path, force: boo
                f"and schedule flags"]
     else:
         try:
-            cfg = TrainConfig.from_dict(record.get("config"))
+            cfg = TrainConfig.from_dict(record.config)
         except (ValueError, TypeError) as exc:
-            raise ValueError(f"trial {record.get('trial')}: its config is not a trainer config ({exc})") from exc
+            raise ValueError(f"trial {record.trial}: its config is not a trainer config ({exc})") from exc
         config = cfg.to_dict()
         args, notes = megatron_args(cfg)
         name = "trainer.yaml"
@@ -148,35 +150,33 @@ def export_trial(ledger_path: Path, trial: int | None, out_dir: Path, force: boo
                f"size from it), plus your data and tokenizer flags"]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    baseline = next((r for r in reversed(records) if r["kind"] == "baseline" and r.get("status") == "ok"), None)
+    baseline = Q.baseline_of(records)
+    baseline = baseline if baseline is not None and baseline.status is Status.OK else None
     config_file = out_dir / name
     config_file.write_text(text + yaml.safe_dump(config, sort_keys=False))
     args_file = out_dir / "megatron_args.txt"
     args_file.write_text(format_args(args))
     summary = out_dir / "summary.md"
-    if "mlflow_run_id" not in record:
-        record = {**record, "mlflow_run_id": mlflow_run_of(ledger_path, record)}
-    summary.write_text(summary_markdown(record, baseline, config, run, notes, forced, ledger_path))
+    run_id = mlflow_run_of(ledger_path, record)
+    summary.write_text(summary_markdown(record, baseline, config, run, notes, forced, ledger_path, run_id))
     return [config_file, args_file, summary]
 
 
-def mlflow_run_of(ledger_path: Path, record: dict[str, Any]) -> str | None:
-    """The trial's MLflow run id, from the store the sweep logged to (``sweep.yaml`` beside the ledger)."""
-    sweep_file = Path(ledger_path).parent / "sweep.yaml"
-    raw = (yaml.safe_load(sweep_file.read_text()) or {}) if sweep_file.is_file() else {}
-    storage, tracking = raw.get("storage") or {}, raw.get("tracking") or {}
-    if tracking.get("enabled") is False:
+def mlflow_run_of(ledger_path: Path, record: TrialRecord) -> str | None:
+    """The trial's MLflow run id, from the store the sweep logged to (the sweep config saved beside the ledger)."""
+    sweep = load_saved_sweep(Path(ledger_path).parent)
+    if sweep is not None and not sweep.tracking.enabled:
         return None
     from orchestrator.tracking import find_trial_run, tracking_uri_for
 
     # The ledger lies in <results_dir>/<sweep>/: that is where the default store is, whatever the cwd was.
-    uri = storage.get("mlflow_uri") or tracking_uri_for(Path(ledger_path).parent.parent)
+    uri = (sweep.storage.mlflow_uri if sweep else None) or tracking_uri_for(Path(ledger_path).parent.parent)
     # A tracking server that is down would otherwise be retried for minutes; one quick try is enough here.
     quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
     saved = {k: os.environ.get(k) for k in quick}
     os.environ.update(quick)
     try:
-        return find_trial_run(uri, tracking.get("experiment") or "steptune", record)
+        return find_trial_run(uri, sweep.tracking.experiment if sweep else "steptune", record)
     except Exception:  # no store to ask must not cost the export; the summary says how to find the run
         return None
     finally:
@@ -187,7 +187,7 @@ def mlflow_run_of(ledger_path: Path, record: dict[str, Any]) -> str | None:
                 os.environ[k] = v
 
 
-# (label, how to read it from a ledger line, unit scale, format)
+# (label, how to read it from a record, unit scale, format)
 _ROWS = (
     ("step time (s)", lambda r: step_time(r), 1, "{:.4g}"),
     ("tokens/s", lambda r: _metric(r, "tokens_per_s"), 1, "{:,.0f}"),
@@ -199,55 +199,52 @@ _ROWS = (
 )
 
 
-def _metric(r: dict[str, Any], key: str) -> float | None:
-    v = (r.get("metrics") or {}).get(key)
-    if v is None:
-        v = ((r.get("result") or {}).get("summary") or {}).get(key)
-    return v if isinstance(v, (int, float)) else None
+def _metric(r: TrialRecord, key: str) -> float | None:
+    return getattr(r.metrics, key)
 
 
 # The cost model's names for the same two waits (orchestrator/planner predictions).
 _PREDICTED_PHASE = {"dp_comm_wait": "dp_exposed_s", "pipeline_idle": "pp_bubble_s"}
 
 
-def _phase(r: dict[str, Any], phase: str) -> float | None:
-    v = (r.get("metrics") or {}).get(f"phase.{phase}_s")
-    if v is None:
-        v = (((r.get("result") or {}).get("phases") or {}).get(phase) or {}).get("max")
-    if v is None:
-        v = (r.get("prediction") or {}).get(_PREDICTED_PHASE[phase])
+def _phase(r: TrialRecord, phase: str) -> float | None:
+    if r.result is not None:
+        v = (r.result.phases.get(phase) or {}).get("max")
+    else:
+        v = (r.prediction or {}).get(_PREDICTED_PHASE[phase])
     return v if isinstance(v, (int, float)) else None
 
 
-def summary_markdown(record: dict[str, Any], baseline: dict[str, Any] | None, config: dict[str, Any],
-                     run: list[str], notes: list[str], forced: str | None, ledger_path: Path) -> str:
-    predicted = record.get("backend") == "model"
+def summary_markdown(record: TrialRecord, baseline: TrialRecord | None, config: dict[str, Any],
+                     run: list[str], notes: list[str], forced: str | None, ledger_path: Path,
+                     run_id: str | None = None) -> str:
+    predicted = record.predicted
     what = "predicted" if predicted else "measured"
-    lines = [f"# steptune export: sweep `{record.get('sweep')}`, trial {record.get('trial')} ({record.get('kind')})", ""]
+    lines = [f"# steptune export: sweep `{record.sweep}`, trial {record.trial} ({record.kind.value})", ""]
     if forced:
         lines += [f"> **Exported with --force despite:** {forced}", ""]
     if predicted:
         lines += ["> **Predicted, not measured**: these numbers come from the cost model (backend `model`); "
                   "measure the config before relying on them.", ""]
         lines += [f"- {line}" for line in verdict_lines(plan_verdict([record], None))] + [""]
-    parity = record.get("parity")
+    parity = record.parity
     if parity is None:
-        verdict = "not applicable (the baseline is the reference)" if record.get("kind") == "baseline" else (
+        verdict = "not applicable (the baseline is the reference)" if record.kind is Kind.BASELINE else (
             "not checked (a prediction)" if predicted else "not checked")
-    elif parity.get("passed"):
-        verdict = (f"passed (max relative differences: loss {_g(parity.get('max_loss_rel_diff'))}, grad norm "
-                   f"{_g(parity.get('max_grad_norm_rel_diff'))}, parameters {_g(parity.get('max_fingerprint_rel_diff'))}; "
-                   f"tolerance {parity.get('tolerance')})")
+    elif parity.passed:
+        tolerance = dataclasses.asdict(parity.tolerance) if parity.tolerance is not None else None
+        verdict = (f"passed (max relative differences: loss {_g(parity.max_loss_rel_diff)}, grad norm "
+                   f"{_g(parity.max_grad_norm_rel_diff)}, parameters {_g(parity.max_fingerprint_rel_diff)}; "
+                   f"tolerance {tolerance})")
     else:
         verdict = f"**FAILED**: {_parity_failure(parity)}"
-    run_id = record.get("mlflow_run_id")
     lines += [
-        f"- status: {record.get('status')}; backend: {record.get('backend')} ({what})",
+        f"- status: {record.status.value}; backend: {record.backend} ({what})",
         f"- loss parity vs baseline: {verdict}",
-        f"- meets target: {_yes_no(record.get('meets_target'))}",
+        f"- meets target: {_yes_no(record.meets_target)}",
         f"- MLflow run: `{run_id}`" if run_id else
-        f"- MLflow run: not recorded in the ledger line; in the UI filter on "
-        f"`tags.\"steptune.trial\" = '{record.get('trial')}'`",
+        f"- MLflow run: not found in the sweep's store; in the UI filter on "
+        f"`tags.\"steptune.trial\" = '{record.trial}'`",
         f"- ledger: `{ledger_path}`", "",
         f"| | baseline | this trial ({what}) | change |", "|---|---|---|---|",
     ]
@@ -263,7 +260,7 @@ def summary_markdown(record: dict[str, Any], baseline: dict[str, Any] | None, co
                   f"{'n/a' if speedup is None else f'{speedup:.3f}x'}"
                   + ("" if baseline else " (no finished baseline line in the ledger)"), ""]
     lines += ["## Settings that differ from the baseline", ""]
-    diff = _config_diff(baseline.get("config") if baseline else None, config)
+    diff = _config_diff(baseline.config if baseline else None, config)
     lines += [f"- `{k}`: {_show(a)} -> **{_show(b)}**" for k, a, b in diff] or ["- none (this is the baseline's config)"]
     lines += ["", "## Run it", "", *run, "", "## Megatron-LM mapping notes", ""]
     lines += [f"- {n}" for n in notes]

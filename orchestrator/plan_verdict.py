@@ -19,49 +19,49 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from orchestrator import ledger as L
+from orchestrator import records_query as Q
+from orchestrator.record import Status, TrialRecord
 
 VERDICTS = ("robust", "point only", "not met")
 
 
-def _high(r: Mapping[str, Any]) -> float | None:
-    v = (r.get("prediction") or {}).get("step_time_high_s")
+def _high(r: TrialRecord) -> float | None:
+    v = (r.prediction or {}).get("step_time_high_s")
     return float(v) if isinstance(v, (int, float)) else None
 
 
-def efficiency_basis(record: Mapping[str, Any]) -> tuple[str, str]:
-    """(basis, note) of the efficiency set a model-backend line was predicted with; 'unrecorded' for old lines."""
-    eff = (record.get("config") or {}).get("efficiency") or {}
-    basis = eff.get("basis") or (record.get("prediction") or {}).get("efficiency_basis") or "unrecorded"
+def efficiency_basis(record: TrialRecord) -> tuple[str, str]:
+    """(basis, note) of the efficiency set a model-backend record was predicted with; 'unrecorded' for old lines."""
+    eff = (record.config or {}).get("efficiency") or {}  # the planner's plan: its keys are the planner's schema
+    basis = eff.get("basis") or (record.prediction or {}).get("efficiency_basis") or "unrecorded"
     return str(basis), str(eff.get("basis_note") or "")
 
 
-def verdict(records: Iterable[Mapping[str, Any]], target_s: float | None) -> dict[str, Any] | None:
+def verdict(records: Iterable[TrialRecord], target_s: float | None) -> dict[str, Any] | None:
     """Point and robust picks of a model-backend ledger and the target verdict; None for measured sweeps."""
-    rows = [r for r in L.measured(list(records)) if r["backend"] == "model" and r["status"] == "ok"
-            and r["metrics"].get("step_time_s")]
+    rows = [r for r in Q.measured(records) if r.predicted and r.status is Status.OK and r.metrics.step_time_s]
     if not rows:
         return None
-    point = min(rows, key=lambda r: r["metrics"]["step_time_s"])
+    point = min(rows, key=lambda r: r.metrics.step_time_s)
     banded = [r for r in rows if _high(r) is not None]
     robust = min(banded, key=_high, default=None)
     if target_s is None:
         met = None
     elif robust is not None and _high(robust) <= target_s:
         met = "robust"
-    elif point["metrics"]["step_time_s"] <= target_s:
+    elif point.metrics.step_time_s <= target_s:
         met = "point only"
     else:
         met = "not met"
     basis, note = efficiency_basis(point)
-    pred = point.get("prediction") or {}
+    pred = point.prediction or {}
     return {
         "target_s": target_s, "verdict": met, "efficiency_basis": basis, "efficiency_note": note,
         "band_basis": pred.get("band_basis"),
-        "point_trial": point["trial"], "point_s": point["metrics"]["step_time_s"],
+        "point_trial": point.trial, "point_s": point.metrics.step_time_s,
         "point_high_s": _high(point), "point_low_s": pred.get("step_time_low_s"),
-        "robust_trial": robust["trial"] if robust else None, "robust_high_s": _high(robust) if robust else None,
-        "robust_s": robust["metrics"]["step_time_s"] if robust else None,
+        "robust_trial": robust.trial if robust else None, "robust_high_s": _high(robust) if robust else None,
+        "robust_s": robust.metrics.step_time_s if robust else None,
     }
 
 

@@ -25,6 +25,7 @@ from orchestrator.planner.config import OptimizerSharding, TensorParallel
 from orchestrator.planner.knobs import Consts, encode
 from orchestrator.planner.memory import stage_memory
 from orchestrator.planner.parse import plan_config_from_dict
+from orchestrator.record import Status, TrialRecord
 from orchestrator.units import fmt_bytes as _fmt
 
 REASON_PREFIX = "prefilter:"
@@ -176,11 +177,10 @@ class MemoryPrefilter:
 SETTINGS = ("enabled", "cluster", "calibration", "memory_budget_gb", "margin")
 
 
-def prefilter_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """From a ledger: how many trials the pre-filter kept from launching, and the reasons (one per trial)."""
-    skipped = [r for r in records
-               if r.get("status") == "skipped" and str(r.get("reason") or "").startswith(REASON_PREFIX)]
-    return {"skipped": len(skipped), "reasons": {int(r["trial"]): r["reason"] for r in skipped}}
+def prefilter_summary(records: Iterable[TrialRecord]) -> dict[str, Any]:
+    """From a ledger's records: how many trials the pre-filter kept from launching, and the reasons (one per trial)."""
+    skipped = [r for r in records if r.status is Status.SKIPPED and (r.reason or "").startswith(REASON_PREFIX)]
+    return {"skipped": len(skipped), "reasons": {r.trial: r.reason for r in skipped}}
 
 
 def prefilter_summary_text(summary: Mapping[str, Any], limit: int = 5) -> str:

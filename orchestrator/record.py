@@ -339,7 +339,7 @@ class TrialRecord:
         if version not in (0, 1):
             raise ValueError(f"schema={version!r}: this steptune reads ledger schemas 0 and {SCHEMA_VERSION}; "
                              f"the line was written by a newer one, upgrade to read it")
-        missing = [k for k in _REQUIRED if k not in d]
+        missing = [k for k in LINE_KEYS if k not in d]
         if missing:
             raise ValueError(f"missing keys {missing}: every ledger line has them; was this one edited by hand?")
         known, extra = _split(cls, d, "ledger line")
@@ -357,8 +357,9 @@ class TrialRecord:
                    probe=Probe.from_dict(probe) if probe is not None else None, artifacts=artifacts, extra=extra)
 
 
-_REQUIRED = ("sweep", "trial", "kind", "backend", "params", "config", "status", "reason", "metrics",
+LINE_KEYS = ("sweep", "trial", "kind", "backend", "params", "config", "status", "reason", "metrics",
              "meets_target", "wall_s", "overhead_s", "started_at", "finished_at")
+"""Every ledger line has these keys, in every schema."""
 
 
 def _iso(t: datetime) -> str:

@@ -1,19 +1,21 @@
-"""What a person reads: the live progress lines, the final table, the summary. All from ledger lines.
+"""What a person reads: the live progress lines, the final table, the summary. All from trial records.
 
 Predicted (model backend) numbers are marked ``~`` and the table says they are predictions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from typing import Any, TextIO
 
-from orchestrator import ledger as L
 from orchestrator import parity
+from orchestrator import records_query as Q
 from orchestrator.plan_verdict import verdict, verdict_lines
 from orchestrator.winner import summary as noise_aware_winner, summary_text as noise_aware_text
 from orchestrator.prefilter import prefilter_summary, prefilter_summary_text
+from orchestrator.record import Kind, Status, TrialRecord
 from orchestrator.target import Target
 from orchestrator.units import fmt_bytes
 
@@ -48,34 +50,33 @@ def one_line(reason: str | None, width: int = 120) -> str:
     return first if len(first) <= width else first[:width - 3] + "..."
 
 
-def _parity(r: dict) -> str:
-    p = r.get("parity")
+def _parity(r: TrialRecord) -> str:
+    p = r.parity
     if p is None:
-        return "n/a" if r["backend"] == "model" else "-"
-    return "pass" if p["passed"] else f"FAIL {p['first_fail_metric']}@{p['first_fail_step']}"
+        return "n/a" if r.predicted else "-"
+    return "pass" if p.passed else f"FAIL {p.first_fail_metric}@{p.first_fail_step}"
 
 
-def table(records: list[dict], limit: int | None = None) -> str:
-    """Ranked: usable lines by step time first, then everything else by trial number."""
-    rows = L.measured(records)
-    confirms = {r["trial"]: r for r in records if r["kind"] == "confirm"}
-    ok = sorted((r for r in rows if r["status"] == "ok"), key=lambda r: r["metrics"]["step_time_s"])
-    rest = sorted((r for r in rows if r["status"] != "ok"), key=lambda r: r["trial"])
-    model = any(r["backend"] == "model" for r in rows)
+def table(records: list[TrialRecord], limit: int | None = None) -> str:
+    """Ranked: usable records by step time first, then everything else by trial number."""
+    rows = Q.measured(records)
+    confirms = {r.trial: r for r in records if r.kind is Kind.CONFIRM}
+    ok = sorted((r for r in rows if r.status is Status.OK), key=lambda r: r.metrics.step_time_s or 0.0)
+    rest = sorted((r for r in rows if r.status is not Status.OK), key=lambda r: r.trial)
+    model = any(r.predicted for r in rows)
     head = ["rank", "trial", "kind", "step time" + (" (pred.)" if model else ""), "speedup", "peak mem", "MFU",
             "parity", "status", "params / reason"]
     body = []
     for i, r in enumerate(ok + rest):
-        m, pred = r["metrics"], r["backend"] == "model"
-        status = r["status"] + (" *" if r["meets_target"] else "")
-        if r["trial"] in confirms:
-            status += " confirmed" if confirms[r["trial"]]["meets_target"] else " unconfirmed"
-        mfu = m.get("mfu")
-        body.append([str(i + 1) if r["status"] == "ok" else "-", str(r["trial"]), r["kind"],
-                     secs(m.get("step_time_s"), pred),
-                     f"{m['speedup_vs_baseline']:.2f}x" if m.get("speedup_vs_baseline") else "-",
-                     fmt_bytes(m.get("peak_memory_bytes")), f"{mfu:.1%}" if mfu is not None else "-", _parity(r), status,
-                     short_params(r["params"]) if r["status"] in ("ok", "pruned") else one_line(r["reason"], 90)])
+        m, pred = r.metrics, r.predicted
+        status = r.status.value + (" *" if r.meets_target else "")
+        if r.trial in confirms:
+            status += " confirmed" if confirms[r.trial].meets_target else " unconfirmed"
+        body.append([str(i + 1) if r.status is Status.OK else "-", str(r.trial), r.kind.value,
+                     secs(m.step_time_s, pred),
+                     f"{m.speedup_vs_baseline:.2f}x" if m.speedup_vs_baseline else "-",
+                     fmt_bytes(m.peak_memory_bytes), f"{m.mfu:.1%}" if m.mfu is not None else "-", _parity(r), status,
+                     short_params(r.params) if r.status in (Status.OK, Status.PRUNED) else one_line(r.reason, 90)])
     if limit is not None:
         body = body[:limit]
     widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(head)]
@@ -85,55 +86,54 @@ def table(records: list[dict], limit: int | None = None) -> str:
     return "\n".join(lines)
 
 
-def summarize(records: list[dict], target: Target, repeats: int) -> dict[str, Any]:
-    base = L.baseline_of(records)
-    base_s = base["metrics"].get("step_time_s") if base and base["status"] == "ok" else None
+def summarize(records: list[TrialRecord], target: Target, repeats: int) -> dict[str, Any]:
+    """The sweep's outcome as a plain, JSON-able dict (MLflow's summary.json and ``summary_text`` read it)."""
+    base = Q.baseline_of(records)
+    base_s = Q.baseline_s(records)
     target_s = target.seconds(base_s)
-    best = L.best_of(records)
-    winner = L.confirmed_winner(records, repeats) if target_s is not None else None
-    rows = L.measured(records)
+    best = Q.best_of(records)
+    winner = Q.confirmed_winner(records, repeats) if target_s is not None else None
+    rows = Q.measured(records)
     statuses: dict[str, int] = {}
     for r in rows:
-        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
-    best_s = best["metrics"]["step_time_s"] if best else None
+        statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
+    best_s = best.metrics.step_time_s if best else None
+    pruning = Q.pruning_stats(rows)
     return {
-        "n_trials": len(rows), "statuses": statuses, "backend": rows[0]["backend"] if rows else None,
-        "baseline_trial": base["trial"] if base else None, "baseline_step_time_s": base_s,
-        "best_trial": best["trial"] if best else None, "best_step_time_s": best_s,
-        "best_params": best["params"] if best else None,
-        "best_speedup": best["metrics"].get("speedup_vs_baseline") if best else None,
+        "n_trials": len(rows), "statuses": statuses, "backend": rows[0].backend if rows else None,
+        "baseline_trial": base.trial if base else None, "baseline_step_time_s": base_s,
+        "best_trial": best.trial if best else None, "best_step_time_s": best_s,
+        "best_params": best.params if best else None,
+        "best_speedup": best.metrics.speedup_vs_baseline if best else None,
         "target": target.describe(base_s), "target_s": target_s,
-        "target_met": winner is not None, "winner_trial": winner["trial"] if winner else None,
+        "target_met": winner is not None, "winner_trial": winner.trial if winner else None,
         "distance_to_target_s": (best_s - target_s) if best_s is not None and target_s is not None else None,
-        "overhead": L.overhead_stats(rows), "pruning": L.pruning_stats(rows),
-        "trials_wall_s": sum(r["wall_s"] or 0.0 for r in records),
+        "overhead": dataclasses.asdict(Q.overhead_stats(rows)),
+        "pruning": {**dataclasses.asdict(pruning), "net_s": pruning.net_s},
+        "trials_wall_s": sum(r.wall_s or 0.0 for r in records),
         "prefilter": prefilter_summary(records),
-        "numerics": parity.numerics_note(best["params"], base["params"], best["parity"]) if best and base else None,
-        "breakdowns": _breakdowns(records, target_s) if rows and rows[0]["backend"] == "model" else [],
+        "numerics": parity.numerics_note(best.params, base.params, best.parity.to_dict() if best.parity else None)
+        if best and base else None,
+        "breakdowns": _breakdowns(records, target_s) if rows and rows[0].predicted else [],
         "verdict": verdict(records, target_s),
         "time_to_answer": time_to_answer(records),
         "noise_aware_winner": noise_aware_winner(records),
     }
 
 
-def time_to_answer(records: list[dict], within: float = 0.02) -> dict[str, Any]:
+def time_to_answer(records: list[TrialRecord], within: float = 0.02) -> dict[str, Any]:
     """Trials and seconds (from the first trial's start) until the first config within ``within`` of the best
     found was measured, and the planner's |error| per trial where a guided sweep recorded one (ledger order)."""
-    from datetime import datetime
-
-    rows = L.measured(records)
-    best = L.best_of(records)
+    rows = Q.measured(records)
+    best = Q.best_of(records)
     out: dict[str, Any] = {"within": within, "trials": None, "seconds": None, "trial": None}
     if best is not None:
-        limit = best["metrics"]["step_time_s"] * (1 + within)
+        limit = best.metrics.step_time_s * (1 + within)
         for i, r in enumerate(rows, 1):
-            if r["status"] == "ok" and (r["metrics"].get("step_time_s") or float("inf")) <= limit:
-                stamps = rows[0].get("started_at"), r.get("finished_at")
-                out.update(trials=i, trial=r["trial"], seconds=(
-                    datetime.fromisoformat(stamps[1]) - datetime.fromisoformat(stamps[0])).total_seconds()
-                    if all(stamps) else None)
+            if r.status is Status.OK and (r.metrics.step_time_s or float("inf")) <= limit:
+                out.update(trials=i, trial=r.trial, seconds=(r.finished_at - rows[0].started_at).total_seconds())
                 break
-    errs = [abs(r["planner"]["error_pct"]) for r in rows if (r.get("planner") or {}).get("error_pct") is not None]
+    errs = [abs(r.planner["error_pct"]) for r in rows if (r.planner or {}).get("error_pct") is not None]
     third = max(1, len(errs) // 3)
     out["planner_abs_error_pct"] = errs
     out["planner_error_first_pct"] = sum(errs[:third]) / third if errs else None
@@ -158,20 +158,21 @@ BREAKDOWN = (("forward", "forward_s"), ("backward", "backward_s"), ("recompute",
              ("tp comm", "tp_comm_s"), ("optimizer", "optimizer_s"))
 
 
-def _breakdowns(records: list[dict], target_s: float | None) -> list[str]:
+def _breakdowns(records: list[TrialRecord], target_s: float | None) -> list[str]:
     """Model backend: where the predicted time goes, for the baseline, the best and every config under target."""
-    picked = [r for r in records if r["status"] == "ok" and r.get("prediction")
-              and (r["kind"] == "baseline" or r is L.best_of(records)
-                   or (target_s is not None and r["metrics"]["step_time_s"] <= target_s))]
-    picked.sort(key=lambda r: r["metrics"]["step_time_s"])
-    base = [r for r in picked if r["kind"] == "baseline"]
+    best = Q.best_of(records)
+    picked = [r for r in records if r.status is Status.OK and r.prediction and r.metrics.step_time_s is not None
+              and (r.kind is Kind.BASELINE or r is best
+                   or (target_s is not None and r.metrics.step_time_s <= target_s))]
+    picked.sort(key=lambda r: r.metrics.step_time_s)
+    base = [r for r in picked if r.kind is Kind.BASELINE]
     shown = picked[:10] + [r for r in base if r not in picked[:10]]
     out = []
     for r in shown:
-        p = r["prediction"]
+        p = r.prediction  # the planner's own dict (orchestrator.planner): its keys are the planner's schema
         parts = ", ".join(f"{name} {p[key]:.2f}" for name, key in BREAKDOWN if (p.get(key) or 0) >= 0.005)
-        out.append(f"  trial {r['trial']} ({r['kind']}): ~{p['step_time_s']:.2f} s = {parts} s; peak "
-                   f"{p['peak_memory_bytes'] / 1e9:.0f} GB/GPU [{short_params(r['params'])}]")
+        out.append(f"  trial {r.trial} ({r.kind.value}): ~{p['step_time_s']:.2f} s = {parts} s; peak "
+                   f"{p['peak_memory_bytes'] / 1e9:.0f} GB/GPU [{short_params(r.params)}]")
     if len(picked) > len(shown):
         out.append(f"  ... and {len(picked) - len(shown)} more under the target (all in the ledger and MLflow)")
     return out
@@ -249,17 +250,17 @@ class Progress:
         self.running[number] = kind
         self._write(f"[{self.done:>3}/{self.budget}] {kind} {number} started: {short_params(params)}")
 
-    def finished(self, r: dict, done: int, best: str, target: str) -> None:
-        self.running.pop(r["trial"], None)
+    def finished(self, r: TrialRecord, done: int, best: str, target: str) -> None:
+        self.running.pop(r.trial, None)
         self.done, self.best, self.target = done, best, target
-        m = r["metrics"]
-        what = secs(m.get("step_time_s"), r["backend"] == "model")
-        if m.get("speedup_vs_baseline"):
-            what += f" ({m['speedup_vs_baseline']:.2f}x)"
-        tail = f" parity {_parity(r)}" if r.get("parity") else ""
-        why = f" - {one_line(r['reason'])}" if r["reason"] else ""
-        label = f"{r['kind']} {r['trial']}" + (f" repeat {r['repeat']}" if r["kind"] == "confirm" else "")
-        self._write(f"[{done:>3}/{self.budget}] {label} {r['status']}: {what}{tail}{why} | "
+        m = r.metrics
+        what = secs(m.step_time_s, r.predicted)
+        if m.speedup_vs_baseline:
+            what += f" ({m.speedup_vs_baseline:.2f}x)"
+        tail = f" parity {_parity(r)}" if r.parity is not None else ""
+        why = f" - {one_line(r.reason)}" if r.reason else ""
+        label = f"{r.kind.value} {r.trial}" + (f" repeat {r.repeat}" if r.kind is Kind.CONFIRM else "")
+        self._write(f"[{done:>3}/{self.budget}] {label} {r.status.value}: {what}{tail}{why} | "
                     f"best {best} | target {target} | {time.perf_counter() - self.t0:.0f} s")
 
     def tick(self) -> None:

@@ -22,8 +22,9 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from orchestrator import ledger as L
+from orchestrator import records_query as Q
 from orchestrator import sweep_plots
+from orchestrator.record import Kind, Status, TrialRecord
 from orchestrator.tracking_lines import (MAX_TAG, PROGRESS, epoch_ms, flag, line_key, params_of,
                                          plot_point, progress_points, run_key, run_name, summary_md, to_yaml,
                                          trial_metrics, trial_params, trial_tags, write_trial_artifacts)
@@ -66,7 +67,7 @@ class Tracker:
             return self.client, self._experiment(experiment)  # the first call that touches the store
 
         self.client, self.experiment_id = open_with_recovery(db, open_store)
-        self._sweep_names: dict[str, str] = {}  # parent run id -> sweep name, for lines that omit it
+        self._sweep_names: dict[str, str] = {}  # parent run id -> sweep name (the summary's title)
 
     def _experiment(self, name: str) -> str:
         exp = self.client.get_experiment_by_name(name)
@@ -118,12 +119,12 @@ class Tracker:
         self._sweep_names[run_id] = sweep_name
         return run_id
 
-    def log_trial(self, parent_run_id: str, record: dict[str, Any], progress: bool = True) -> str:
-        """One child run for one ledger line; an already-logged (trial, kind, repeat) returns the existing run.
+    def log_trial(self, parent_run_id: str, record: TrialRecord, progress: bool = True) -> str:
+        """One child run for one trial record; an already-logged (trial, kind, repeat) returns the existing run.
 
-        A new baseline or trial line also extends the parent's per-trial history (``PROGRESS``), unless
+        A new baseline or trial record also extends the parent's per-trial history (``PROGRESS``), unless
         ``progress`` is off (``reconcile`` writes that history itself, in ledger order)."""
-        trial, kind = record.get("trial"), record.get("kind", "trial")
+        trial, kind = record.trial, record.kind.value
         for run in self._children(parent_run_id, f"tags.\"steptune.trial\" = {_q(str(trial))} "
                                                  f"and tags.\"steptune.kind\" = {_q(kind)}"):
             if run_key(run) != line_key(record):
@@ -132,12 +133,12 @@ class Tracker:
                 return run.info.run_id
             self.client.delete_run(run.info.run_id)  # half-logged before a crash: log it again, whole
         run_id = self._create_child(parent_run_id, record)
-        if progress and kind in ("baseline", "trial"):
+        if progress and record.kind in (Kind.BASELINE, Kind.TRIAL):
             best = [m.value for m in self.client.get_metric_history(parent_run_id, PROGRESS[1])]
             self._log(parent_run_id, {}, {}, {}, progress_points(record, min(best, default=math.inf)))
         return run_id
 
-    def reconcile(self, parent_run_id: str, records: list[dict[str, Any]]) -> int:
+    def reconcile(self, parent_run_id: str, records: list[TrialRecord]) -> int:
         """Make the store hold every ledger line once (on resume); returns how many child runs were logged.
 
         The ledger is written before MLflow, so a driver killed in between leaves lines that Optuna is told
@@ -149,16 +150,16 @@ class Tracker:
             self.log_trial(parent_run_id, r, progress=False)
         have = {k: {m.step for m in self.client.get_metric_history(parent_run_id, k)} for k in PROGRESS}
         points, best = [], math.inf
-        for r in L.measured(records):  # ledger order is finishing order: the best as it was when each line landed
+        for r in Q.measured(records):  # ledger order is finishing order: the best as it was when each line landed
             for name, step, value in progress_points(r, best):
                 best = min(best, value) if name == PROGRESS[1] else best
                 if step not in have[name]:
                     points.append((name, step, value))
         if points:
             self._log(parent_run_id, {}, {}, {}, points)
-        top = L.best_of(records)
+        top = Q.best_of(records)
         if top is not None and self.client.get_run(parent_run_id).data.tags.get("steptune.best_trial") != str(
-                top["trial"]):
+                top.trial):
             self.log_best(parent_run_id, top)
         return len(missing)
 
@@ -170,30 +171,28 @@ class Tracker:
                                           "steptune.stopped_by": type(error).__name__})
         self.client.set_terminated(parent_run_id, status)
 
-    def _create_child(self, parent_run_id: str, record: dict[str, Any]) -> str:
-        status = record.get("status", "failed")
-        tags = {"mlflow.parentRunId": parent_run_id,
-                **trial_tags(dict(record, sweep=record.get("sweep") or self._sweep_names.get(parent_run_id, "")))}
-        run_id = self.client.create_run(self.experiment_id, start_time=epoch_ms(record.get("started_at")),
+    def _create_child(self, parent_run_id: str, record: TrialRecord) -> str:
+        tags = {"mlflow.parentRunId": parent_run_id, **trial_tags(record)}
+        run_id = self.client.create_run(self.experiment_id, start_time=epoch_ms(record.started_at),
                                         tags=tags, run_name=run_name(record)).info.run_id
         metrics, steps = trial_metrics(record)
         self._log(run_id, metrics, trial_params(record), {}, steps)
         with tempfile.TemporaryDirectory(prefix="steptune-mlflow-") as tmp:
             write_trial_artifacts(Path(tmp), record)
             self.client.log_artifacts(run_id, tmp)
-        self.client.set_terminated(run_id, _RUN_STATUS.get(status, "FAILED"), epoch_ms(record.get("finished_at")))
-        if record.get("kind") == "baseline" and status == "ok":
+        self.client.set_terminated(run_id, _RUN_STATUS.get(record.status.value, "FAILED"), epoch_ms(record.finished_at))
+        if record.kind is Kind.BASELINE and record.status is Status.OK:
             self._log(parent_run_id, {}, {}, {"steptune.baseline_run_id": run_id})
         return run_id
 
-    def log_best(self, parent_run_id: str, record: dict[str, Any]) -> None:
-        """The best line so far, as tags on the parent (its step time is the ``best_step_time_s`` history)."""
-        run_id = record.get("mlflow_run_id") or next(
-            (r.info.run_id for r in self._children(
-                parent_run_id, f"tags.\"steptune.trial\" = {_q(str(record.get('trial')))} "
-                               f"and tags.\"steptune.kind\" = {_q(record.get('kind', 'trial'))}")), "")
-        tags = {"steptune.best_trial": str(record.get("trial")), "steptune.best_kind": str(record.get("kind")),
-                "steptune.best_run_id": run_id, "steptune.best_meets_target": flag(record.get("meets_target"))}
+    def log_best(self, parent_run_id: str, record: TrialRecord) -> None:
+        """The best record so far, as tags on the parent (its step time is the ``best_step_time_s`` history)."""
+        # The ledger is written before MLflow, so a record never carries its run id: find the child by its tags.
+        run_id = next((r.info.run_id for r in self._children(
+            parent_run_id, f"tags.\"steptune.trial\" = {_q(str(record.trial))} "
+                           f"and tags.\"steptune.kind\" = {_q(record.kind.value)}")), "")
+        tags = {"steptune.best_trial": str(record.trial), "steptune.best_kind": record.kind.value,
+                "steptune.best_run_id": run_id, "steptune.best_meets_target": flag(record.meets_target)}
         self._log(parent_run_id, {}, {}, tags)
 
     def finish_sweep(self, parent_run_id: str, summary: dict[str, Any], study: Any, table_text: str) -> None:
@@ -272,8 +271,8 @@ class Tracker:
                                   tags=[t for t in head_pt if isinstance(t, RunTag)])
 
 
-def find_trial_run(tracking_uri: str, experiment: str, record: dict[str, Any]) -> str | None:
-    """The id of the child run a ledger line was logged as (read only: creates nothing); None if absent.
+def find_trial_run(tracking_uri: str, experiment: str, record: TrialRecord) -> str | None:
+    """The id of the child run a trial record was logged as (read only: creates nothing); None if absent.
 
     The ledger is written before MLflow (it is the source of truth), so the line cannot carry its run id;
     the tags that ``log_trial`` sets identify the run instead. A repeated logging picks the newest.
@@ -284,7 +283,8 @@ def find_trial_run(tracking_uri: str, experiment: str, record: dict[str, Any]) -
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return None
-    where = " and ".join(f"tags.\"steptune.{k}\" = {_q(str(record.get(k)))}" for k in ("sweep", "trial", "kind"))
+    tags = {"sweep": record.sweep, "trial": str(record.trial), "kind": record.kind.value}
+    where = " and ".join(f"tags.\"steptune.{k}\" = {_q(v)}" for k, v in tags.items())
     runs = client.search_runs([exp.experiment_id], where, max_results=1, order_by=["attributes.start_time DESC"])
     return runs[0].info.run_id if runs else None
 

@@ -1,9 +1,10 @@
-"""What one ledger line becomes in MLflow: its child run's key, name, tags, params, metrics and artifacts;
-the parent's per-trial history points; the parent's Markdown summary. Pure functions of the line (no store).
+"""What one trial record becomes in MLflow: its child run's key, name, tags, params, metrics and artifacts;
+the parent's per-trial history points; the parent's Markdown summary. Pure functions of the record (no store).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from datetime import datetime
@@ -13,6 +14,7 @@ from typing import Any
 import yaml
 
 from orchestrator import report
+from orchestrator.record import Kind, Status, TrialRecord
 from orchestrator.timeline import render_timeline
 from trainer.config import TrainConfig, flatten
 
@@ -23,10 +25,10 @@ MAX_TAG = 5000
 PROGRESS = ("step_time_s", "best_step_time_s")
 
 
-def line_key(record: dict[str, Any]) -> tuple[str, str, str]:
-    """What identifies a ledger line's child run: trial, kind and (confirm lines only) the repeat number."""
-    kind = str(record.get("kind", "trial"))
-    return str(record.get("trial")), kind, str(record.get("repeat") or 1) if kind == "confirm" else ""
+def line_key(record: TrialRecord) -> tuple[str, str, str]:
+    """What identifies a record's child run: trial, kind and (confirm records only) the repeat number."""
+    confirm = record.kind is Kind.CONFIRM
+    return str(record.trial), record.kind.value, str(record.repeat or 1) if confirm else ""
 
 
 def run_key(run) -> tuple[str, str, str]:
@@ -36,13 +38,11 @@ def run_key(run) -> tuple[str, str, str]:
     return t.get("steptune.trial", ""), kind, t.get("steptune.repeat", "1") if kind == "confirm" else ""
 
 
-def progress_points(record: dict[str, Any], best: float) -> list[tuple[str, int, float]]:
-    """The parent's history points for one baseline/trial line, given the best step time before it."""
-    trial, own = record.get("trial"), (record.get("metrics") or {}).get("step_time_s")
-    if not isinstance(trial, int):
-        return []
+def progress_points(record: TrialRecord, best: float) -> list[tuple[str, int, float]]:
+    """The parent's history points for one baseline/trial record, given the best step time before it."""
+    trial, own = record.trial, record.metrics.step_time_s
     points = []
-    if record.get("status") == "ok" and isinstance(own, (int, float)):  # usable lines only, as L.best_of
+    if record.status is Status.OK and own is not None:  # usable records only, as records_query.best_of
         points.append((PROGRESS[0], trial, float(own)))
         best = min(best, float(own))
     return points + ([(PROGRESS[1], trial, best)] if best < math.inf else [])
@@ -57,13 +57,13 @@ _NAME = {"parallel.pp": "pp", "parallel.dp": "dp", "batch.micro_batch_size": "mb
 _ABBREV = {"selective": "sel", "interleaved_1f1b": "i1f1b", "none": "none", "full": "full"}
 
 
-def run_name(record: dict[str, Any]) -> str:
+def run_name(record: TrialRecord) -> str:
     """A child run's name from its params, short enough for the UI's run column: "t7 pp2 1f1b mbs4 rc=sel"."""
-    kind, trial = record.get("kind", "trial"), record.get("trial")
-    head = {"baseline": f"t{trial} baseline", "confirm": f"t{trial} confirm{record.get('repeat') or 1}"}.get(
-        kind, f"t{trial}")
+    trial = record.trial
+    head = {Kind.BASELINE: f"t{trial} baseline", Kind.CONFIRM: f"t{trial} confirm{record.repeat or 1}",
+            Kind.CANONICAL: f"t{trial} canonical"}.get(record.kind, f"t{trial}")
     words = []
-    for key, value in (record.get("params") or {}).items():
+    for key, value in record.params.items():
         label = _NAME.get(key, key.rsplit(".", 1)[-1] + "=")
         if isinstance(value, bool):
             words.append(label.rstrip("=") if value else f"no-{label.rstrip('=')}")
@@ -76,36 +76,34 @@ def run_name(record: dict[str, Any]) -> str:
     return " ".join([head, *words])[:200]
 
 
-def trial_tags(record: dict[str, Any]) -> dict[str, str]:
-    parity = record.get("parity")
-    verdict = "not_checked" if not parity else ("passed" if parity.get("passed") else "failed")
-    backend = str(record.get("backend", "ray"))
+def trial_tags(record: TrialRecord) -> dict[str, str]:
+    parity = record.parity
+    verdict = "not_checked" if parity is None else ("passed" if parity.passed else "failed")
     tags = {
-        "steptune.role": "trial", "steptune.sweep": str(record.get("sweep", "")),
-        "steptune.trial": str(record.get("trial")), "steptune.kind": str(record.get("kind", "trial")),
-        "steptune.status": str(record.get("status", "failed")),
-        "steptune.failure_reason": str(record.get("reason") or "")[:MAX_TAG],
-        "steptune.optuna_trial": str(record.get("optuna_trial", record.get("trial"))),
-        "steptune.meets_target": flag(record.get("meets_target")), "steptune.parity": verdict,
-        "steptune.backend": backend,
+        "steptune.role": "trial", "steptune.sweep": record.sweep,
+        "steptune.trial": str(record.trial), "steptune.kind": record.kind.value,
+        "steptune.status": record.status.value,
+        "steptune.failure_reason": (record.reason or "")[:MAX_TAG],
+        "steptune.optuna_trial": str(record.trial),  # a confirm record carries the number of the trial it repeats
+        "steptune.meets_target": flag(record.meets_target), "steptune.parity": verdict,
+        "steptune.backend": record.backend,
         # A cost-model prediction must never be mistaken for a measurement in the UI or a query.
-        "steptune.measurement": "prediction" if backend == "model" else "measured",
+        "steptune.measurement": "prediction" if record.predicted else "measured",
     }
-    if tags["steptune.kind"] == "confirm":
+    if record.kind is Kind.CONFIRM:
         tags["steptune.repeat"] = line_key(record)[2]
-    if parity and not parity.get("passed"):
-        tags["steptune.parity_first_fail"] = (f"step {parity.get('first_fail_step')}: "
-                                              f"{parity.get('first_fail_metric')}")
+    if parity is not None and not parity.passed:
+        tags["steptune.parity_first_fail"] = f"step {parity.first_fail_step}: {parity.first_fail_metric}"
     return tags
 
 
-def trial_params(record: dict[str, Any]) -> dict[str, str]:
-    config = record.get("config") or {}
+def trial_params(record: TrialRecord) -> dict[str, str]:
+    config = record.config or {}
     params = params_of(flatten(config))
-    for k, v in params_of(record.get("params") or {}).items():
+    for k, v in params_of(record.params).items():
         params.setdefault(k, v)  # a search param outside the config is kept; the config's value wins
-    result = record.get("result") or {}
-    derived = {k: result[k] for k in ("world_size", "n_microbatches") if k in result}
+    result = record.result
+    derived = {"world_size": result.world_size, "n_microbatches": result.n_microbatches} if result else {}
     try:
         if config:  # an empty mapping would validate as the default config: derive nothing from it
             cfg = TrainConfig.from_dict(config)
@@ -128,48 +126,49 @@ def trial_params(record: dict[str, Any]) -> dict[str, str]:
     return params
 
 
-def trial_metrics(record: dict[str, Any]) -> tuple[dict[str, float], list[tuple[str, int, float]]]:
-    result = record.get("result") or {}
+def trial_metrics(record: TrialRecord) -> tuple[dict[str, float], list[tuple[str, int, float]]]:
+    result = record.result
     out: dict[str, float] = {}
-    out.update(numbers(result.get("summary") or {}))
-    for phase, mm in (result.get("phases") or {}).items():
-        # Exposed time is what the slowest rank waits: the max over ranks is the headline.
-        out[f"phase.{phase}_s"] = num(mm.get("max"))
-        out[f"phase.{phase}_min_s"] = num(mm.get("min"))
-    out.update({f"memory.{k}": num(v.get("max")) for k, v in (result.get("memory") or {}).items()})
-    for k in ("reduce_start_after_backward_s", "replica_max_abs_diff"):
-        if isinstance(result.get(k), (int, float)):
-            out[k] = num(result[k])
-    out.update(numbers(record.get("metrics") or {}))  # the sweep's own numbers win on a name clash
-    out.update({f"parity.{k}": v for k, v in numbers(record.get("parity") or {}).items()})
-    out.update({f"prediction.{k}": v for k, v in numbers(record.get("prediction") or {}).items()})
-    for k in ("wall_s", "overhead_s"):
-        if isinstance(record.get(k), (int, float)):
-            out[f"trial.{k}"] = num(record[k])
     steps = []
-    for s in result.get("steps") or []:
-        for key, name in (("loss", "step/loss"), ("time_s", "step/time_s"), ("grad_norm", "step/grad_norm")):
-            if isinstance(s.get(key), (int, float)):
-                steps.append((name, int(s["step"]), num(s[key])))
-    return {k: v for k, v in out.items() if v is not None}, steps
+    if result is not None:
+        out.update(numbers(dataclasses.asdict(result.summary)))
+        for phase, mm in result.phases.items():
+            # Exposed time is what the slowest rank waits: the max over ranks is the headline.
+            out[f"phase.{phase}_s"] = num(mm.get("max"))
+            out[f"phase.{phase}_min_s"] = num(mm.get("min"))
+        out.update({f"memory.{k}": num(v.get("max")) for k, v in result.memory.items()})
+        for k in ("reduce_start_after_backward_s", "replica_max_abs_diff"):
+            if isinstance(getattr(result, k), (int, float)):
+                out[k] = num(getattr(result, k))
+        for s in result.steps:
+            steps += [("step/loss", s.step, num(s.loss)), ("step/time_s", s.step, num(s.time_s)),
+                      ("step/grad_norm", s.step, num(s.grad_norm))]
+    out.update(numbers(record.metrics.to_dict()))  # the sweep's own numbers win on a name clash
+    if record.parity is not None:
+        out.update({f"parity.{k}": v for k, v in numbers(record.parity.to_dict()).items()})
+    out.update({f"prediction.{k}": v for k, v in numbers(record.prediction or {}).items()})
+    for k in ("wall_s", "overhead_s"):
+        if isinstance(getattr(record, k), (int, float)):
+            out[f"trial.{k}"] = num(getattr(record, k))
+    return {k: v for k, v in out.items() if v is not None}, [p for p in steps if p[2] is not None]
 
 
-def write_trial_artifacts(out: Path, record: dict[str, Any]) -> None:
-    if record.get("config"):
-        # A model-backend line holds the planner's production-scale plan, not something the trainer runs.
-        name = "plan.yaml" if record.get("backend") == "model" else "trainer_config.yaml"
-        (out / name).write_text(to_yaml(record["config"]))
-    (out / "ledger_record.json").write_text(json.dumps(record, indent=1, default=str))
-    result = record.get("result")
-    if not result:
+def write_trial_artifacts(out: Path, record: TrialRecord) -> None:
+    if record.config:
+        # A prediction's config is the planner's production-scale plan, not something the trainer runs.
+        name = "plan.yaml" if record.predicted else "trainer_config.yaml"
+        (out / name).write_text(to_yaml(record.config))
+    (out / "ledger_record.json").write_text(json.dumps(record.to_line(), indent=1, default=str))  # as stored
+    if record.result is None:
         return
+    result = record.result.to_dict()  # whole: its config and summary back in
     (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
-    if any(r.get("spans") for r in result.get("ranks") or []):
+    if any(r.spans for r in record.result.ranks):
         try:
             render_timeline(result, out / "timeline.png")
         except Exception as exc:  # a picture must never cost the trial its run; say why it is missing
             (out / "timeline_error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
-    for extra in record.get("artifacts") or []:  # the run.profile_step traces the trial's ranks wrote
+    for extra in record.artifacts:  # the run.profile_step traces the trial's ranks wrote
         p = Path(extra)
         if p.is_file():
             (out / "traces").mkdir(exist_ok=True)
@@ -224,14 +223,6 @@ def to_yaml(d: dict[str, Any]) -> str:
     return yaml.safe_dump(json.loads(json.dumps(d, default=str)), sort_keys=False)
 
 
-
-def epoch_ms(t: Any) -> int | None:
-    """started_at/finished_at as epoch milliseconds: epoch seconds, epoch ms or ISO-8601 accepted."""
-    if isinstance(t, (int, float)) and not isinstance(t, bool):
-        return int(t if t > 1e11 else t * 1000)
-    if isinstance(t, str):
-        try:
-            return int(datetime.fromisoformat(t).timestamp() * 1000)
-        except ValueError:
-            return None
-    return None
+def epoch_ms(t: datetime) -> int:
+    """A record's started_at/finished_at as the epoch milliseconds MLflow takes."""
+    return int(t.timestamp() * 1000)

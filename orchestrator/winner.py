@@ -13,6 +13,8 @@ import json
 import statistics
 from typing import Any, Mapping, Sequence
 
+from orchestrator.record import Kind, Status, TrialRecord
+
 TOP_K = 3
 MIN_RUNS = 3
 DEFAULT_SPREAD = 0.15
@@ -40,23 +42,24 @@ def leader(runs: Mapping[str, Sequence[float]]) -> str:
     return min(runs, key=lambda k: statistics.median(runs[k]))
 
 
-def ledger_runs(records: Sequence[Mapping[str, Any]]) -> tuple[dict[str, list[float]], dict[str, int]]:
-    """Step times per config (params as sorted JSON) from ok trial, baseline and confirm lines, and the
-    first trial number of each config."""
+def ledger_runs(records: Sequence[TrialRecord]) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """Step times per config (params as sorted JSON) from ok trial, baseline and confirm records, and the
+    first trial number of each config. The canonical reference run shares the baseline's trial number but not
+    its config, and a reused measurement is not a run: neither counts."""
     runs: dict[str, list[float]] = {}
     first: dict[str, int] = {}
-    params_of = {r["trial"]: r["params"] for r in records if r["kind"] in ("baseline", "trial")}
+    params_of = {r.trial: r.params for r in records if r.kind in (Kind.BASELINE, Kind.TRIAL)}
     for r in records:
-        t = (r.get("metrics") or {}).get("step_time_s")
-        if r["status"] != "ok" or not t or r.get("duplicate_of") is not None:
+        t = r.metrics.step_time_s
+        if r.kind is Kind.CANONICAL or r.status is not Status.OK or not t or r.duplicate_of is not None:
             continue
-        key = json.dumps(params_of.get(r["trial"], r["params"]), sort_keys=True)
+        key = json.dumps(params_of.get(r.trial, r.params), sort_keys=True)
         runs.setdefault(key, []).append(t)
-        first.setdefault(key, r["trial"])
+        first.setdefault(key, r.trial)
     return runs, first
 
 
-def summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+def summary(records: Sequence[TrialRecord]) -> dict[str, Any] | None:
     """The noise-aware winner of a ledger as measured: its trial, median and interval, and the trials the
     rule would run again before declaring it (the sweep does not run them; the replay does)."""
     runs, first = ledger_runs(records)

@@ -17,7 +17,8 @@ import torch
 from optuna.trial import TrialState
 
 from orchestrator.config import load_sweep
-from orchestrator.ledger import KEYS, Ledger
+from orchestrator.ledger import Ledger
+from orchestrator.record import LINE_KEYS
 from orchestrator.sweep import run_sweep
 
 pytestmark = pytest.mark.e2e
@@ -70,7 +71,7 @@ def test_sweep_measures_trials_on_a_warm_group_and_reports(ray_address, sweep_fi
     assert lines[0].kind == "baseline" and lines[0].trial == 0 and lines[0].status == "ok"
     assert lines[0].parity.passed and lines[0].metrics.speedup_vs_baseline == 1.0
     raw = Ledger(cfg.results_dir / "trials.jsonl").lines()
-    assert all(set(KEYS) <= set(line) and line["schema"] == 1 for line in raw)  # what the file holds, typed or not
+    assert all(set(LINE_KEYS) <= set(line) and line["schema"] == 1 for line in raw)  # what the file holds, typed or not
     assert sorted(r.trial for r in lines) == list(range(5))
     for r in lines:
         assert r.status in ("ok", "infeasible", "pruned", "skipped"), r.reason

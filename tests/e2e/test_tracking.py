@@ -12,6 +12,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from orchestrator.record import Metrics, TrialRecord
 from orchestrator.tracking import Tracker, tracking_uri_for
 from trainer.config import TrainConfig, apply_overrides, flatten
 from trainer.result import RankResult, Span, StepRecord, merge
@@ -48,7 +49,7 @@ def make_result(config: dict, step_time: float, n_steps: int = 4) -> dict:
 
 
 def make_record(trial, kind, step_time=0.05, status="ok", parity=True, backend="ray", sweep="demo",
-                **overrides) -> dict:
+                **overrides) -> TrialRecord:
     config = apply_overrides(TrainConfig().to_dict(), {k.replace("__", "."): v for k, v in overrides.items()})
     measured = status == "ok"
     status = "infeasible" if measured and not parity else status  # as the sweep records a parity failure
@@ -57,16 +58,17 @@ def make_record(trial, kind, step_time=0.05, status="ok", parity=True, backend="
     verdict = None if kind == "baseline" or not measured or backend == "model" else {
         "passed": parity, "first_fail_step": None if parity else 1, "first_fail_metric": None if parity else "loss",
         "max_loss_rel_diff": 2e-7 if parity else 4e-3, "max_grad_norm_rel_diff": 1e-6,
-        "max_fingerprint_rel_diff": 3e-7, "replica_max_abs_diff": 0.0, "tolerance": {"loss_rel": 1e-5}}
+        "max_fingerprint_rel_diff": 3e-7, "replica_max_abs_diff": 0.0, "tolerance": {"loss_rel": 1e-5, "grad_norm_rel": 1e-5, "param_rel": 1e-5, "replica_abs": 1e-6}}
     metrics = {"step_time_s": step_time, "tokens_per_s": 512 / step_time, "mfu": 0.1, "hfu": 0.12,
                "peak_memory_bytes": 6 * 2 ** 20, "speedup_vs_baseline": 0.1 / step_time} if measured else {}
-    return {"sweep": sweep, "trial": trial, "kind": kind, "backend": backend,
+    return TrialRecord.from_line({
+            "sweep": sweep, "trial": trial, "kind": kind, "backend": backend, "repeat": 1 if kind == "confirm" else None,
             "params": {k.replace("__", "."): v for k, v in overrides.items()}, "config": config, "status": status,
             "reason": None if ok else ("parity: loss differs from the baseline at step 1" if measured
                                        else "RankFailed: rank 1: CUDA out of memory"), "result": result,
             "prediction": {"step_time_s": step_time, "peak_memory_bytes": 7e10} if backend == "model" else None,
             "parity": verdict, "metrics": metrics, "meets_target": ok and step_time <= 0.06, "wall_s": 1.5,
-            "overhead_s": 0.2, "started_at": time.time() - 2, "finished_at": time.time()}
+            "overhead_s": 0.2, "started_at": time.time() - 2, "finished_at": time.time()})
 
 
 def _png_ok(client: MlflowClient, run_id: str, name: str, tmp: Path) -> bool:
@@ -130,7 +132,7 @@ def test_sweep_parent_children_params_metrics_artifacts(store, tmp_path):
     by = {(c.data.tags["steptune.trial"], c.data.tags["steptune.kind"]): c for c in children}
 
     ok = by[("1", "trial")]
-    cfg = TrainConfig.from_dict(records[1]["config"])
+    cfg = TrainConfig.from_dict(records[1].config)
     for key, value in flatten(cfg.to_dict()).items():  # every knob, flat dotted
         assert ok.data.params[key] == (value if isinstance(value, str) else json.dumps(value)), key
     assert ok.data.params["derived.dp"] == "2" and ok.data.params["derived.n_microbatches"] == "2"
@@ -218,11 +220,11 @@ def test_real_trainer_result(store, tmp_path):
     cfg = TrainConfig.from_dict({"model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "seq_len": 16},
                                  "batch": {"global_batch": 4, "micro_batch_size": 1}, "parallel": {"pp": 2, "dp": 1},
                                  "run": {"steps": 4, "warmup_steps": 1}})
-    result = launch.spawn(cfg).to_dict()
-    record = {"sweep": "real", "trial": 0, "kind": "baseline", "backend": "ray", "params": {},
-              "config": cfg.to_dict(), "status": "ok", "reason": None, "result": result, "prediction": None,
-              "parity": None, "metrics": {"step_time_s": result["summary"]["step_time_s"]}, "meets_target": None,
-              "wall_s": 1.0, "overhead_s": 0.1, "started_at": None, "finished_at": None}
+    result = launch.spawn(cfg)
+    record = TrialRecord(sweep="real", trial=0, kind="baseline", backend="ray", params={}, config=cfg.to_dict(),
+                         status="ok", reason=None, result=result, metrics=Metrics.of_summary(result.summary),
+                         meets_target=False, wall_s=1.0, overhead_s=0.1, started_at=time.time() - 1,
+                         finished_at=time.time())
     parent = tracker.start_sweep("real", {}, None)
     run_id = tracker.log_trial(parent, record)
     assert _png_ok(tracker.client, run_id, "timeline.png", tmp_path / "dl")

@@ -4,6 +4,7 @@ that a killed driver left half-created."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.config import REPO_ROOT, load_sweep
 from orchestrator.ledger import Ledger
+from orchestrator.record import TrialRecord
 from orchestrator.sweep import SweepError, run_sweep
 from orchestrator.tracking import Tracker, tracking_uri_for
 
@@ -42,7 +44,7 @@ def _keys(runs) -> list[tuple]:
                   for r in runs)
 
 
-def _ledger(sweep: str) -> list[dict]:
+def _ledger(sweep: str) -> list[TrialRecord]:
     """A sweep's lines in finishing order: baseline, trials (one failed, one slower), a met target confirmed twice."""
     return [make_record(0, "baseline", 0.10, sweep=sweep),
             make_record(1, "trial", 0.07, sweep=sweep, parallel__pp=2, pipeline__schedule="1f1b",
@@ -51,8 +53,8 @@ def _ledger(sweep: str) -> list[dict]:
             make_record(3, "trial", 0.08, sweep=sweep, data_parallel__overlap_grad_reduce=False,
                         data_parallel__bucket_mb=0.3125),
             make_record(4, "trial", 0.05, sweep=sweep, batch__micro_batch_size=2),
-            dict(make_record(4, "confirm", 0.051, sweep=sweep, batch__micro_batch_size=2), repeat=1),
-            dict(make_record(4, "confirm", 0.052, sweep=sweep, batch__micro_batch_size=2), repeat=2)]
+            make_record(4, "confirm", 0.051, sweep=sweep, batch__micro_batch_size=2),
+            dataclasses.replace(make_record(4, "confirm", 0.052, sweep=sweep, batch__micro_batch_size=2), repeat=2)]
 
 
 def test_experiment_opens_as_model_development(store, tmp_path):
@@ -141,7 +143,7 @@ def test_run_name_is_short_and_readable():
 
     r = make_record(7, "trial", parallel__pp=2, pipeline__schedule="interleaved_1f1b", pipeline__virtual_stages=2)
     assert run_name(r) == "t7 pp2 i1f1b v2"
-    assert run_name(dict(r, params={"x.y": 3, "z": "abc"})) == "t7 y=3 z=abc"
+    assert run_name(dataclasses.replace(r, params={"x.y": 3, "z": "abc"})) == "t7 y=3 z=abc"
 
 
 # ---- a store left half-created by a killed process ---------------------------------------------------------
@@ -237,10 +239,10 @@ def test_a_driver_killed_after_a_ledger_line_is_reconciled_on_resume(tmp_path):
 
     summary, lines = run_sweep(cfg)  # resume
     runs = _children(client, parent.info.run_id)
-    assert _keys(runs) == sorted((str(r["trial"]), r["kind"], "") for r in lines) and len(lines) == 5
+    assert _keys(runs) == sorted((str(r.trial), r.kind.value, "") for r in lines) and len(lines) == 5
     assert client.get_run(parent.info.run_id).info.status == "FINISHED"
     steps = {m.step for m in client.get_metric_history(parent.info.run_id, "best_step_time_s")}
-    assert steps == {r["trial"] for r in lines if r["trial"] >= min(x["trial"] for x in lines if x["status"] == "ok")}
+    assert steps == {r.trial for r in lines if r.trial >= min(x.trial for x in lines if x.status == "ok")}
 
 
 @pytest.mark.timeout(600)

@@ -1,13 +1,14 @@
 """Calibration from a sweep ledger: recovers the efficiency that generated noisy synthetic trials.
 
 The synthetic ledger is written by the planner itself (through ``plan_for_trial``), in the real ledger's
-shape: ray-backend lines whose ``result`` is a trainer ``Result`` dict (summary + per-phase min/max).
+shape: TrialRecords whose ``result`` is a trainer ``Result`` (summary + per-phase min/max) written by ``to_line``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +18,11 @@ from orchestrator.calibration import (CPU_FIT, calibrate_from_ledger, calibrate_
                                       load_calibration, write_calibration)
 from orchestrator.planner import ClusterSpec, Efficiency, predict
 from orchestrator.prefilter import plan_for_trial
+from orchestrator.record import Metrics, TrialRecord
 from trainer.config import TrainConfig, apply_overrides
+from trainer.result import Result
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "ledger_v0.jsonl"
 
 CLUSTER = ClusterSpec(name="synthetic-cpu", num_gpus=2, gpus_per_node=64, peak_tflops=0.2, hbm_gb=8.0,
                       hbm_bw_GBps=10.0, intra_node_bw_GBps=1.0, intra_node_latency_us=150.0)
@@ -51,20 +56,22 @@ def _cfg(overrides: dict) -> TrainConfig:
     return TrainConfig.from_dict(apply_overrides(BASE, overrides))
 
 
-def _line(trial: int, cfg: TrainConfig, noise: float, rng, **changes) -> dict:
-    """A ledger line as the sweep writes it, its Result measured by the planner at TRUE (times jittered)."""
+def _line(trial: int, cfg: TrainConfig, noise: float, rng, **changes) -> TrialRecord:
+    """A record as the sweep writes it, its Result measured by the planner at TRUE (times jittered)."""
     p = predict(plan_for_trial(cfg, CLUSTER, TRUE))
     jit = lambda x: float(x * (1 + noise * rng.standard_normal()))  # noqa: E731
     phase_s = {"forward": p.forward_s, "backward": p.backward_s + p.recompute_s, "optimizer": p.optimizer_s,
                "dp_comm_wait": p.dp_exposed_s, "pipeline_idle": p.pp_bubble_s + p.pp_p2p_s}
-    phases = {k: {"min": 0.0, "max": jit(v)} for k, v in phase_s.items()}
-    result = {"summary": {"step_time_s": jit(p.step_time_s), "peak_memory_bytes": int(jit(p.peak_memory_bytes))},
-              "phases": phases, "memory": {}, "config": cfg.to_dict()}
-    line = {"sweep": "synthetic", "trial": trial, "kind": "trial", "backend": "ray", "params": {},
-            "config": cfg.to_dict(), "status": "ok", "reason": None, "result": result, "prediction": None,
-            "metrics": {"step_time_s": result["summary"]["step_time_s"]}}
-    line.update(changes)
-    return line
+    # A real Result (the fixture ledger's baseline) carrying the planner's numbers as its measurements.
+    result = Result.from_dict(json.loads(FIXTURE.read_text().splitlines()[0])["result"])
+    result.config = cfg.to_dict()
+    result.phases = {k: {"min": 0.0, "max": jit(v)} for k, v in phase_s.items()}  # first: the seeded draws' order
+    result.summary = dataclasses.replace(result.summary, step_time_s=jit(p.step_time_s),
+                                         peak_memory_bytes=int(jit(p.peak_memory_bytes)))
+    rec = TrialRecord(sweep="synthetic", trial=trial, kind="trial", backend="ray", params={}, config=cfg.to_dict(),
+                      status="ok", reason=None, result=result, metrics=Metrics.of_summary(result.summary),
+                      meets_target=False, wall_s=1.0, overhead_s=0.1, started_at=0.0, finished_at=1.0)
+    return dataclasses.replace(rec, **changes)
 
 
 @pytest.fixture
@@ -73,15 +80,15 @@ def ledger(tmp_path):
     lines = [_line(i, _cfg(t), 0.01, rng) for i, t in enumerate(TRIALS)]
     # What must be left out: a failed trial, a model-backend prediction, and an unmappable (FSDP) trial.
     lines.append(_line(90, _cfg(TRIALS[0]), 0.0, rng, status="failed"))
-    lines.append(_line(91, _cfg(TRIALS[1]), 0.0, rng, backend="model"))
+    predicted = {"step_time_s": 1.0, "peak_memory_bytes": 1e9}
+    lines.append(_line(91, _cfg(TRIALS[1]), 0.0, rng, backend="model", result=None, prediction=predicted,
+                       metrics=Metrics.of_prediction(predicted), overhead_s=None))
     fsdp = _cfg({**{k: v for k, v in TRIALS[4].items() if not k.startswith("data_parallel.")},
                  "data_parallel.kind": "fsdp"})
-    bad = _line(92, _cfg(TRIALS[4]), 0.0, rng)
-    bad["config"] = fsdp.to_dict()
-    lines.append(bad)
+    lines.append(_line(92, _cfg(TRIALS[4]), 0.0, rng, config=fsdp.to_dict()))
     path = tmp_path / "results" / "synthetic" / "trials.jsonl"
     path.parent.mkdir(parents=True)
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    path.write_text("".join(json.dumps(line.to_line()) + "\n" for line in lines))
     return path
 
 
@@ -120,8 +127,9 @@ def test_only_ok_lines_by_default_and_clear_errors(ledger, tmp_path):
     with pytest.raises(ValueError, match="no ledger"):
         calibrate_from_ledger(tmp_path / "missing.jsonl", CLUSTER)
     only_failed = tmp_path / "f.jsonl"
-    only_failed.write_text(json.dumps(_line(0, _cfg(TRIALS[0]), 0.0, np.random.default_rng(1), status="failed")) + "\n")
-    with pytest.raises(ValueError, match="no measured ray trial with status ok"):
+    failed = _line(0, _cfg(TRIALS[0]), 0.0, np.random.default_rng(1), status="failed", reason="RankFailed")
+    only_failed.write_text(json.dumps(failed.to_line()) + "\n")
+    with pytest.raises(ValueError, match="no measured trial with status ok"):
         calibrate_from_ledger(only_failed, CLUSTER)
     cal = calibrate_from_ledger(only_failed, CLUSTER, START, fit=("mem_activation_factor",), statuses=("failed",))
     assert cal.n_records == 1

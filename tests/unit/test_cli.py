@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.__main__ import COMMANDS, Command, build_parser, main
-from orchestrator.ledger import record
+from orchestrator.record import Metrics, TrialRecord
 from orchestrator.report import Progress, one_line, table
 from orchestrator.units import fmt_bytes
 from trainer.config import TrainConfig
@@ -71,17 +71,17 @@ def test_log_lines_go_to_stderr_one_per_message_warnings_prefixed(capsys):
     assert "warning: search.min_trials=12 is more than search.n_trials=4; using search.min_trials=4" in err
 
 
-def _line(trial: int, kind: str, step_time: float | None, status: str = "ok", reason: str | None = None) -> dict:
-    return record(sweep="s", trial=trial, kind=kind, backend="ray", params={}, config=TrainConfig().to_dict(),
-                  status=status, reason=reason, result=None, prediction=None, parity=None,
-                  metrics={"step_time_s": step_time} if step_time else {}, meets_target=False, wall_s=1.0,
-                  overhead_s=0.1, started_at=0.0, finished_at=1.0)
+def _line(trial: int, kind: str, step_time: float | None, status: str = "ok",
+          reason: str | None = None) -> TrialRecord:
+    return TrialRecord(sweep="s", trial=trial, kind=kind, backend="ray", params={}, config=TrainConfig().to_dict(),
+                       status=status, reason=reason, metrics=Metrics(step_time_s=step_time), meets_target=False,
+                       wall_s=1.0, overhead_s=0.1, started_at=0.0, finished_at=1.0)
 
 
 def _ledger(results: Path, name: str, mtime: float) -> Path:
     path = results / name / "trials.jsonl"
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(_line(0, "baseline", 0.5)) + "\n")
+    path.write_text(json.dumps(_line(0, "baseline", 0.5).to_line()) + "\n")
     os.utime(path, (mtime, mtime))
     return path
 

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 import yaml
 
+from orchestrator import export
+from orchestrator.config import DEFAULT_SWEEP, load_saved_sweep
 from orchestrator.export import export_sweep, export_trial, find_ledger, pick, read_ledger
 from orchestrator.megatron import first_last, format_args, megatron_args, megatron_args_for_plan
+from orchestrator.parity import Tolerance
+from orchestrator.record import Kind, Metrics, ParityVerdict, TrialRecord
 from trainer.__main__ import load_config
 from trainer.config import TrainConfig, apply_overrides, flatten
+from trainer.result import Result
 
 
 def _cfg(**overrides) -> TrainConfig:
@@ -194,29 +200,48 @@ def test_args_file_format():
 
 # ---- export from a synthetic ledger ---------------------------------------------------------------
 
-def _record(trial, kind, step_time, status="ok", parity_passed=True, backend="ray", **cfg_overrides) -> dict:
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "ledger_v0.jsonl"
+TOL = Tolerance(loss_rel=1e-5, grad_norm_rel=1e-3, param_rel=1e-3, replica_abs=1e-6)
+
+
+def _result(step_time: float) -> Result:
+    """A real measured Result (the fixture ledger's baseline), with this record's step time."""
+    line = json.loads(FIXTURE.read_text().splitlines()[0])
+    result = Result.from_dict(line["result"])
+    result.summary = dataclasses.replace(result.summary, step_time_s=step_time, tokens_per_s=512 / step_time,
+                                         mfu=0.05, hfu=0.06, peak_memory_bytes=5 * 2 ** 20)
+    result.phases = {**result.phases, "dp_comm_wait": {"min": 0.001, "max": 0.004},
+                     "pipeline_idle": {"min": 0.0, "max": 0.01}}
+    return result
+
+
+def _record(trial, kind, step_time, status="ok", parity_passed=True, backend="ray", **cfg_overrides) -> TrialRecord:
     config = apply_overrides(TrainConfig().to_dict(), {k.replace("__", "."): v for k, v in cfg_overrides.items()})
     TrainConfig.from_dict(config)  # the ledger only ever holds validated configs
     # As the sweep writes them: a parity failure is status infeasible, with the verdict kept.
     status = "infeasible" if status == "ok" and not parity_passed else status
     ok = status == "ok"
-    parity = None if kind == "baseline" or backend == "model" else {
-        "passed": parity_passed, "first_fail_step": None if parity_passed else 2,
-        "first_fail_metric": None if parity_passed else "loss", "max_loss_rel_diff": 1e-7 if parity_passed else 3e-3,
-        "max_grad_norm_rel_diff": 1e-6, "max_fingerprint_rel_diff": 1e-7, "replica_max_abs_diff": 0.0,
-        "tolerance": {"loss_rel": 1e-5}}
-    result = {"summary": {"step_time_s": step_time, "tokens_per_s": 512 / step_time, "mfu": 0.05, "hfu": 0.06,
-                          "peak_memory_bytes": 5 * 2 ** 20},
-              "phases": {"dp_comm_wait": {"min": 0.001, "max": 0.004}, "pipeline_idle": {"min": 0.0, "max": 0.01}}}
-    return {"sweep": "demo", "trial": trial, "kind": kind, "backend": backend, "params": {}, "config": config,
-            "status": status, "reason": None if ok else (
-                "RankFailed: rank 1 ran out of memory" if parity_passed else "parity: loss differs at step 2"),
-            "result": result if (ok or not parity_passed) and backend == "ray" else None, "prediction": None,
-            "parity": parity if ok or not parity_passed else None,
-            "metrics": {"step_time_s": step_time, "tokens_per_s": 512 / step_time} if ok or not parity_passed else {},
-            "meets_target": ok and step_time < 0.05, "wall_s": 2.0, "overhead_s": 0.1,
-            "started_at": "2026-01-01T00:00:00", "finished_at": "2026-01-01T00:00:02",
-            "mlflow_run_id": f"run{trial}{kind}"}
+    parity = None if kind == "baseline" or backend == "model" else ParityVerdict(
+        passed=parity_passed, first_fail_step=None if parity_passed else 2,
+        first_fail_metric=None if parity_passed else "loss", max_loss_rel_diff=1e-7 if parity_passed else 3e-3,
+        max_grad_norm_rel_diff=1e-6, max_fingerprint_rel_diff=1e-7, replica_max_abs_diff=0.0,
+        tolerance=TOL)
+    result = _result(step_time) if (ok or not parity_passed) and backend == "ray" else None
+    return TrialRecord(
+        sweep="demo", trial=trial, kind=kind, backend=backend, params={}, config=config, status=status,
+        reason=None if ok else ("RankFailed: rank 1 ran out of memory" if parity_passed else
+                                "parity: loss differs at step 2"),
+        result=result, prediction=None, parity=parity if ok or not parity_passed else None,
+        metrics=Metrics.of_summary(result.summary) if result else Metrics(),
+        meets_target=ok and step_time < 0.05, wall_s=2.0, overhead_s=0.1,
+        started_at="2026-01-01T00:00:00+00:00", finished_at="2026-01-01T00:00:02+00:00",
+        repeat=1 if kind == "confirm" else None)
+
+
+def _write(path: Path, *records: TrialRecord) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r.to_line()) + "\n" for r in records))
+    return path
 
 
 @pytest.fixture
@@ -231,24 +256,35 @@ def ledger(tmp_path) -> Path:
         _record(1, "confirm", 0.062, parallel__pp=2, pipeline__split__kind="first_last", pipeline__split__first=3,
                 data_parallel__bucket_mb=4.0),
     ]
-    path = tmp_path / "results" / "demo" / "trials.jsonl"
-    path.parent.mkdir(parents=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"sweep": "demo", "tri')  # torn last line
+    path = _write(tmp_path / "results" / "demo" / "trials.jsonl", *records)
+    with open(path, "a") as f:
+        f.write('{"sweep": "demo", "tri')  # torn last line
     return path
 
 
 def test_winner_prefers_the_confirmed_parity_clean_trial(ledger, tmp_path):
     record, forced = pick(read_ledger(ledger), None, force=False)
     # Trial 2 is faster but failed parity, trial 3 ran out of memory, trial 4 is unconfirmed.
-    assert (record["trial"], record["kind"], forced) == (1, "confirm", None)
+    assert (record.trial, record.kind, forced) == (1, "confirm", None)
 
 
-def test_round_trip_trainer_yaml_and_megatron_args(ledger, tmp_path):
+def test_canonical_reference_runs_are_no_candidates(ledger):
+    canonical = dataclasses.replace(_record(0, "baseline", 0.001), kind=Kind.CANONICAL)
+    with open(ledger) as f:
+        text = f.read()
+    ledger.write_text(text[:text.rindex("\n") + 1] + json.dumps(canonical.to_line()) + "\n")
+    assert Kind.CANONICAL not in {r.kind for r in read_ledger(ledger)}
+    assert pick(read_ledger(ledger), None, force=False)[0].kind is Kind.CONFIRM
+
+
+def test_round_trip_trainer_yaml_and_megatron_args(ledger, tmp_path, monkeypatch):
+    # The run id comes from the sweep's MLflow store (tests/e2e/test_tracking_server.py looks it up for real).
+    monkeypatch.setattr(export, "mlflow_run_of", lambda path, r: f"run{r.trial}{r.kind.value}")
     out = tmp_path / "export"
     paths = export_trial(ledger, None, out)
     assert [p.name for p in paths] == ["trainer.yaml", "megatron_args.txt", "summary.md"]
-    record = [r for r in read_ledger(ledger) if r["kind"] == "confirm"][0]
-    expected = TrainConfig.from_dict(record["config"])
+    record = [r for r in read_ledger(ledger) if r.kind is Kind.CONFIRM][0]
+    expected = TrainConfig.from_dict(record.config)
     assert TrainConfig.from_dict(yaml.safe_load((out / "trainer.yaml").read_text())) == expected
     # Exactly what `python -m trainer --config trainer.yaml` loads.
     assert load_config(out / "trainer.yaml", []) == expected
@@ -258,6 +294,7 @@ def test_round_trip_trainer_yaml_and_megatron_args(ledger, tmp_path):
     summary = (out / "summary.md").read_text()
     assert "run1confirm" in summary and "passed" in summary
     assert "| step time (s) | 0.1 | 0.062 | 0.62x |" in summary
+    assert "| exposed dp communication (s, max rank) | 0.004 | 0.004 | 1x |" in summary  # from result.phases
     assert "`parallel.pp`: 1 -> **2**" in summary
     assert "not mapped: run.device=cpu" in summary and "converted: data_parallel.bucket_mb=4" in summary
 
@@ -292,18 +329,19 @@ def test_force_exports_with_the_reason_up_front(ledger, tmp_path):
 def test_refusal_names_the_metric_that_failed(tmp_path, metric, diff, tol, named):
     """Issue 10 item 3: a grad-norm failure used to be refused as "failed loss parity" with the loss's numbers."""
     rec = _record(1, "trial", 0.05, parity_passed=False)
-    rec["parity"].update(first_fail_step=1, first_fail_metric=metric, first_fail_diff=diff, first_fail_tolerance=tol,
-                         max_loss_rel_diff=0.0)
-    path = tmp_path / "l.jsonl"
-    path.write_text(json.dumps(rec) + "\n")
+    rec.parity = dataclasses.replace(rec.parity, first_fail_step=1, first_fail_metric=metric, first_fail_diff=diff,
+                                     first_fail_tolerance=tol, max_loss_rel_diff=0.0)
+    path = _write(tmp_path / "l.jsonl", rec)
     with pytest.raises(ValueError, match="refusing to export") as err:
         export_trial(path, 1, tmp_path / "o")
     assert named in str(err.value) and "loss" not in str(err.value).split("failed parity:")[1].split(":")[0]
     # A line written before the verdict carried first_fail_diff: the failing metric's own worst number.
+    line = rec.to_line()
     for k in ("first_fail_diff", "first_fail_tolerance"):
-        del rec["parity"][k]
-    rec["parity"].update(max_grad_norm_rel_diff=5e-3, tolerance={"loss_rel": 1e-5, "grad_norm_rel": 1e-4})
-    path.write_text(json.dumps(rec) + "\n")
+        del line["parity"][k]
+    line["parity"].update(max_grad_norm_rel_diff=5e-3, tolerance=dataclasses.asdict(
+        dataclasses.replace(TOL, grad_norm_rel=1e-4)))
+    path.write_text(json.dumps(line) + "\n")
     if metric == "grad_norm":
         with pytest.raises(ValueError, match=r"grad norm differs at step 1 \(difference 0.005, tolerance 0.0001\)"):
             export_trial(path, 1, tmp_path / "o")
@@ -311,13 +349,12 @@ def test_refusal_names_the_metric_that_failed(tmp_path, metric, diff, tol, named
 
 def test_unchecked_parity_is_refused(tmp_path):
     rec = _record(1, "trial", 0.05)
-    rec["parity"] = None
-    path = tmp_path / "l.jsonl"
-    path.write_text(json.dumps(_record(0, "baseline", 0.1)) + "\n" + json.dumps(rec) + "\n")
+    rec.parity = None
+    path = _write(tmp_path / "l.jsonl", _record(0, "baseline", 0.1), rec)
     with pytest.raises(ValueError, match="no parity verdict"):
         export_trial(path, 1, tmp_path / "o")
     # With nothing else exportable the winner is the baseline itself (it is the parity reference).
-    assert pick(read_ledger(path), None, False)[0]["kind"] == "baseline"
+    assert pick(read_ledger(path), None, False)[0].kind is Kind.BASELINE
 
 
 def _plan(**overrides) -> dict:
@@ -387,18 +424,20 @@ def test_a_plan_written_before_the_shared_knobs_exports_the_same_flags():
 
 
 def test_plan_export_is_labelled_predicted(tmp_path):
-    base = _record(0, "baseline", 12.0, backend="model")
-    base["config"] = _plan()
-    best = _record(7, "trial", 9.2, backend="model")
-    best["config"] = _plan(data_parallel__overlap_grad_reduce=True)
-    best["prediction"] = {"step_time_s": 9.2, "dp_exposed_s": 1.25, "pp_bubble_s": 0.5, "step_time_low_s": 8.5,
-                          "step_time_high_s": 12.3, "band_basis": "80% band", "efficiency_basis": "blind"}
-    best["config"]["efficiency"].update(basis="blind", basis_note="h100 set transferred")
-    path = tmp_path / "l.jsonl"
-    path.write_text(json.dumps(base) + "\n" + json.dumps(best) + "\n")
+    def predicted(trial, kind, step_time, config, **prediction):
+        prediction = {"step_time_s": step_time, **prediction}
+        return dataclasses.replace(_record(trial, kind, step_time, backend="model"), config=config,
+                                   prediction=prediction, metrics=Metrics.of_prediction(prediction), overhead_s=None)
+
+    base = predicted(0, "baseline", 12.0, _plan())
+    best = predicted(7, "trial", 9.2, _plan(data_parallel__overlap_grad_reduce=True), dp_exposed_s=1.25,
+                     pp_bubble_s=0.5, step_time_low_s=8.5, step_time_high_s=12.3, band_basis="80% band",
+                     efficiency_basis="blind")
+    best.config["efficiency"].update(basis="blind", basis_note="h100 set transferred")
+    path = _write(tmp_path / "l.jsonl", base, best)
     paths = export_trial(path, None, tmp_path / "o")
     assert [p.name for p in paths] == ["plan.yaml", "megatron_args.txt", "summary.md"]
-    assert yaml.safe_load((tmp_path / "o" / "plan.yaml").read_text()) == best["config"]
+    assert yaml.safe_load((tmp_path / "o" / "plan.yaml").read_text()) == best.config
     summary = (tmp_path / "o" / "summary.md").read_text()
     assert "Predicted, not measured" in summary and "this trial (predicted)" in summary
     assert "5120 GPUs (tp 8 x pp 8 x dp 80)" in summary
@@ -411,17 +450,14 @@ def test_plan_export_is_labelled_predicted(tmp_path):
 
 
 def test_infeasible_over_memory_budget_is_refused(tmp_path):
-    rec = _record(1, "trial", 0.05)
-    rec.update(status="infeasible", reason="peak memory 90.1 GiB > budget 80 GiB")
-    path = tmp_path / "l.jsonl"
-    path.write_text(json.dumps(rec) + "\n")
+    rec = dataclasses.replace(_record(1, "trial", 0.05), status="infeasible", reason="peak memory 90.1 GiB > budget 80 GiB")
+    path = _write(tmp_path / "l.jsonl", rec)
     with pytest.raises(ValueError, match="is infeasible: peak memory 90.1 GiB > budget 80 GiB"):
         export_trial(path, 1, tmp_path / "o")
 
 
 def test_no_exportable_trial(tmp_path):
-    path = tmp_path / "l.jsonl"
-    path.write_text(json.dumps(_record(1, "trial", 0.05, parity_passed=False)) + "\n")
+    path = _write(tmp_path / "l.jsonl", _record(1, "trial", 0.05, parity_passed=False))
     with pytest.raises(ValueError, match="no trial in the ledger finished with parity passed"):
         export_trial(path, None, tmp_path / "o")
 
@@ -444,8 +480,23 @@ def test_run_id_lookup_creates_no_store_and_respects_tracking_off(tmp_path):
 
     ledger = tmp_path / "s" / "trials.jsonl"
     ledger.parent.mkdir()
-    record = {"sweep": "s", "trial": 1, "kind": "trial"}
+    record = dataclasses.replace(_record(1, "trial", 0.05), sweep="s")
     assert mlflow_run_of(ledger, record) is None
     assert not (tmp_path / "mlflow.db").exists()  # looking must not create an empty store
-    (ledger.parent / "sweep.yaml").write_text("tracking: {enabled: false}\n")
+    saved = yaml.safe_load(DEFAULT_SWEEP.read_text())  # as the driver saves it: the whole sweep config
+    (ledger.parent / "sweep.yaml").write_text(yaml.safe_dump({**saved, "tracking": {"enabled": False}}))
     assert mlflow_run_of(ledger, record) is None
+
+
+def test_saved_sweep_is_read_through_the_sweep_loader(tmp_path):
+    """report/export judge a ledger by the sweep.yaml beside it, loaded (and validated) as any sweep file."""
+    assert load_saved_sweep(tmp_path) is None
+    saved = yaml.safe_load(DEFAULT_SWEEP.read_text())
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({
+        **saved, "name": "s", "trainer_config": "elsewhere/trainer.yaml", "target": {"relative_to_baseline": 0.5},
+        "confirm": {"repeats": 2}}))
+    cfg = load_saved_sweep(tmp_path)  # the trainer file was relative to the original sweep file: left out
+    assert cfg.name == "s" and cfg.confirm.repeats == 2 and cfg.target.seconds(3.0) == pytest.approx(1.5)
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({**saved, "confirm": {"repeats": -1}}))
+    with pytest.raises(ValueError, match=r"sweep.yaml: confirm.repeats=-1 is out of range"):
+        load_saved_sweep(tmp_path)

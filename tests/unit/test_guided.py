@@ -104,10 +104,18 @@ def test_planner_fields_for_the_ledger(world):
 def test_time_to_answer_counts_trials_and_seconds_to_the_first_config_near_the_best():
     from orchestrator import report
 
+    from datetime import datetime, timedelta, timezone
+
+    from orchestrator.record import Metrics, TrialRecord
+    from orchestrator.target import parse_target
+
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
     def line(trial, t, start, planner=None):
-        return {"trial": trial, "kind": "baseline" if trial == 0 else "trial", "status": "ok", "backend": "ray",
-                "metrics": {"step_time_s": t}, "started_at": f"2026-01-01T00:00:{start:02d}+00:00",
-                "finished_at": f"2026-01-01T00:00:{start + 2:02d}+00:00", **({"planner": planner} if planner else {})}
+        return TrialRecord(sweep="s", trial=trial, kind="baseline" if trial == 0 else "trial", backend="ray",
+                           params={"t": trial}, config={}, status="ok", reason=None, metrics=Metrics(step_time_s=t),
+                           meets_target=False, wall_s=1.0, overhead_s=0.1, started_at=t0 + timedelta(seconds=start),
+                           finished_at=t0 + timedelta(seconds=start + 2), planner=planner)
 
     recs = [line(0, 0.2, 0), line(1, 0.101, 3, {"error_pct": -40.0}), line(2, 0.15, 6, {"error_pct": 30.0}),
             line(3, 0.1, 9, {"error_pct": 5.0})]
@@ -115,10 +123,6 @@ def test_time_to_answer_counts_trials_and_seconds_to_the_first_config_near_the_b
     assert (t["trials"], t["trial"], t["seconds"]) == (2, 1, 5.0)  # 0.101 is within 2% of the best, 0.1
     assert t["planner_error_first_pct"] == 40.0 and t["planner_error_last_pct"] == 5.0
     assert "trial 1 (2 trials, 5 s in)" in report.time_to_answer_text(t)
-    from orchestrator.target import parse_target
-
-    for r in recs:
-        r.update(params={"t": r["trial"]}, meets_target=False, parity=None, wall_s=1.0, overhead_s=0.1)
     s = report.summarize(recs, parse_target({"relative_to_baseline": 0.25}), 1)
     assert s["time_to_answer"]["trial"] == 1 and s["noise_aware_winner"]["trial"] == 3
     text = report.summary_text({**s, "sweep_wall_s": None})

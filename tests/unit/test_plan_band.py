@@ -9,6 +9,7 @@ import pytest
 
 from orchestrator import report
 from orchestrator.plan_verdict import verdict, verdict_lines
+from orchestrator.record import TrialRecord
 from orchestrator.planner import ClusterSpec, Efficiency, PlanConfig, predict
 from orchestrator.planner.band import Band, load_band
 from orchestrator.target import parse_target
@@ -54,8 +55,12 @@ def test_efficiency_basis_is_validated(bad):
         Efficiency(basis_note=3)
 
 
-def _line(trial, point, high, basis="blind", kind="trial"):
-    return {"sweep": "s", "trial": trial, "kind": kind, "backend": "model", "params": {"x": trial},
+def _line(trial, point, high, basis="blind", kind="trial", **changes):
+    return TrialRecord.from_line({**_raw(trial, point, high, basis, kind), **changes})
+
+
+def _raw(trial, point, high, basis, kind):
+    return {"sweep": "s", "started_at": 0.0, "finished_at": 1.0, "trial": trial, "kind": kind, "backend": "model", "params": {"x": trial},
             "config": {"efficiency": {"basis": basis, "basis_note": "note"}}, "status": "ok", "reason": None,
             "result": None, "parity": None, "meets_target": False, "wall_s": 0.0, "overhead_s": None,
             "prediction": {"step_time_s": point, "step_time_low_s": point * 0.9, "step_time_high_s": high,
@@ -82,13 +87,11 @@ def test_summary_says_robust_or_point_only(target, want, words):
 def test_calibrated_answer_is_labelled_and_measured_sweeps_get_no_verdict():
     lines = verdict_lines(verdict([_line(1, 8.0, 9.0, basis="calibrated")], 9.3))
     assert any("CALIBRATED" in ln for ln in lines)
-    measured = dict(_line(1, 8.0, 9.0), backend="ray")
+    measured = _line(1, 8.0, 9.0, backend="ray", prediction=None)  # a measured line carries no prediction
     assert verdict([measured], 9.3) is None and verdict_lines(None) == []
 
 
 def test_old_ledger_lines_without_a_band_say_so():
-    old = _line(1, 8.0, 9.0)
-    old["prediction"] = {"step_time_s": 8.0}
-    old["config"] = {}
+    old = _line(1, 8.0, 9.0, prediction={"step_time_s": 8.0}, config={})
     lines = verdict_lines(verdict([old], 9.3))
     assert lines[0] == "efficiency set: unrecorded" and "not recorded" in lines[1]

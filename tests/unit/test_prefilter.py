@@ -13,6 +13,7 @@ from orchestrator.planner.memory import stage_memory
 from orchestrator.backends.ray_trials import prefilter_from_settings
 from orchestrator.prefilter import (REASON_PREFIX, MemoryPrefilter, load_cluster, mapping_notes, plan_for_trial,
                                     prefilter_summary, prefilter_summary_text)
+from orchestrator.record import Metrics, TrialRecord
 from trainer.config import TrainConfig, apply_overrides
 
 CPU = ClusterSpec(name="test-cpu", num_gpus=2, gpus_per_node=64, peak_tflops=0.16, hbm_gb=8.0, hbm_bw_GBps=10.0,
@@ -184,9 +185,14 @@ def test_settings_section(tmp_path):
 
 
 def test_summary_from_the_ledger():
-    lines = [{"trial": 1, "status": "ok", "reason": None},
-             {"trial": 2, "status": "skipped", "reason": f"{REASON_PREFIX} predicted peak 3 GiB > budget 2 GiB"},
-             {"trial": 3, "status": "skipped", "reason": "same params as trial 1 (ok): reused, not run again"}]
+    def rec(trial, status, reason):
+        return TrialRecord(sweep="s", trial=trial, kind="trial", backend="ray", params={}, config={}, status=status,
+                           reason=reason, metrics=Metrics(), meets_target=False, wall_s=0.0, overhead_s=None,
+                           started_at=0.0, finished_at=0.0)
+
+    lines = [rec(1, "ok", None),
+             rec(2, "skipped", f"{REASON_PREFIX} predicted peak 3 GiB > budget 2 GiB"),
+             rec(3, "skipped", "same params as trial 1 (ok): reused, not run again")]
     s = prefilter_summary(lines)
     assert s["skipped"] == 1 and list(s["reasons"]) == [2]
     text = prefilter_summary_text(s)

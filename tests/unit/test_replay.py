@@ -53,11 +53,20 @@ def test_noise_aware_rule_remeasures_an_overlapping_top_and_drops_a_lucky_sample
 
 
 def test_the_sweep_summary_reports_the_same_rule_from_a_ledger():
+    from datetime import datetime, timezone
+
+    from orchestrator.record import Metrics, TrialRecord
+
     def line(trial, kind, params, t):
-        return {"trial": trial, "kind": kind, "status": "ok", "params": params, "metrics": {"step_time_s": t}}
+        now = datetime.now(timezone.utc)
+        return TrialRecord(sweep="s", trial=trial, kind=kind, backend="ray", params=params, config={}, status="ok",
+                           reason=None, metrics=Metrics(step_time_s=t), meets_target=False, wall_s=1.0, overhead_s=None,
+                           started_at=now, finished_at=now, repeat=1 if kind == "confirm" else None)
 
     a, b = {"mbs": 8}, {"mbs": 4}
-    recs = [line(0, "baseline", {"mbs": 1}, 0.3), line(1, "trial", a, 0.08), line(2, "trial", b, 0.09)]
+    # The canonical reference run shares the baseline's trial number: its time is not the baseline config's.
+    recs = [line(0, "canonical", {}, 0.01), line(0, "baseline", {"mbs": 1}, 0.3), line(1, "trial", a, 0.08),
+            line(2, "trial", b, 0.09)]
     w = winner.summary(recs)
     assert (w["trial"], w["remeasure_trials"]) == (1, [1, 2])  # one run each: cannot be told apart yet
     recs += [line(1, "confirm", a, 0.13), line(1, "confirm", a, 0.12), line(2, "confirm", b, 0.091),
