@@ -101,6 +101,7 @@ def summarize(records: list[TrialRecord], target: Target, repeats: int) -> dict[
     pruning = Q.pruning_stats(rows)
     return {
         "n_trials": len(rows), "statuses": statuses, "backend": rows[0].backend if rows else None,
+        "predicted": bool(rows) and rows[0].predicted,
         "baseline_trial": base.trial if base else None, "baseline_step_time_s": base_s,
         "best_trial": best.trial if best else None, "best_step_time_s": best_s,
         "best_params": best.params if best else None,
@@ -179,7 +180,7 @@ def _breakdowns(records: list[TrialRecord], target_s: float | None) -> list[str]
 
 
 def summary_text(s: dict[str, Any]) -> str:
-    pred = s["backend"] == "model"
+    pred = s["predicted"]
     out = [f"trials: {s['n_trials']} ({', '.join(f'{k} {v}' for k, v in sorted(s['statuses'].items()))}); "
            f"time in trials {s['trials_wall_s']:.1f} s"]
     if s["baseline_step_time_s"] is not None:
@@ -200,7 +201,7 @@ def summary_text(s: dict[str, Any]) -> str:
     out.extend(verdict_lines(s.get("verdict")))  # model backend: band, robust or point only, efficiency basis
     if s.get("time_to_answer"):
         out.append(time_to_answer_text(s["time_to_answer"]))
-    if s.get("noise_aware_winner") and s["backend"] == "ray":
+    if s.get("noise_aware_winner") and not s["predicted"]:
         out.append(noise_aware_text(s["noise_aware_winner"]))
     if s.get("numerics"):
         out.append(s["numerics"])
