@@ -66,13 +66,20 @@ class DriverRecord:
         return f"pid {self.pid} on {self.host} (results dir {self.results_dir}, started {self.started_at})"
 
 
+SQLITE_BUSY_TIMEOUT_S = 60
+"""How long a write to a sqlite study waits for another process's lock before it fails."""
+
+
 def heartbeat_storage(url: str, interval_s: int, grace_s: int) -> RDBStorage:
     """Optuna's RDB storage with its trial heartbeat on; a trial failed as stale is queued again."""
     # Optuna warns on every ask() that its heartbeat is meant for optimize(); here this module beats for it.
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return RDBStorage(url, heartbeat_interval=interval_s, grace_period=grace_s,
+        # sqlite: several processes write one file (this driver, its heartbeat thread, a second driver being
+        # refused); a writer waits for the lock instead of failing after sqlite's default 5 s on a busy machine.
+        engine = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}} if url.startswith("sqlite") else None
+        return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=interval_s, grace_period=grace_s,
                           heartbeat_stale_trial_callback=requeue_stale)
 
 

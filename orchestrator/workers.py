@@ -30,6 +30,12 @@ from trainer.result import RankResult
 log = logging.getLogger(__name__)
 
 
+PEER_LOST = ("remote worker crashing", "Connection closed by peer", "Connection reset by peer")
+"""gloo's words when the other end of a collective went away: a symptom of another rank's loss."""
+PEER_WAIT_S = 15.0
+"""How long a rank's peer-loss error waits for the lost rank's own outcome (Ray reports an actor's death later)."""
+
+
 class GroupStartError(RuntimeError):
     """Ray could not be joined, or the worker group could not be placed or could not form its world."""
 
@@ -267,7 +273,11 @@ class WorkerGroup:
             except ray.exceptions.RayActorError as e:
                 return self._lost(e, self._refs.index(ref))
             except ray.exceptions.RayTaskError as e:
-                return self._fail(e, "raised", self._refs.index(ref))
+                rank = self._refs.index(ref)
+                if any(s in str(e) for s in PEER_LOST):  # this rank saw a peer vanish: find out why first
+                    if (lost := self._peer_lost(rank)) is not None:
+                        return lost
+                return self._fail(e, "raised", rank)
         if len(ready) == len(self._refs):
             ranks, traces = zip(*ray.get(self._refs))
             self._refs = []
@@ -276,6 +286,24 @@ class WorkerGroup:
         if time.perf_counter() > self._deadline:
             return self._fail(TimeoutError(f"no result within resources.trial_timeout_s={self._timeout:g} s"),
                               "timeout", None)
+        return None
+
+    def _peer_lost(self, rank: int) -> RunDone | None:
+        """The lost peer's own outcome, when a rank's collective failed because a peer's process went away.
+
+        A killed actor's peers often answer first (gloo sees the closed connection before Ray reports the death):
+        their error is the symptom. Wait briefly for the other ranks; an actor among them that is gone is the
+        cause (lost node, ray.kill, crashed process), and is judged as such instead of blaming the config.
+        """
+        others = [r for i, r in enumerate(self._refs) if i != rank]
+        ready, _ = ray.wait(others, num_returns=len(others), timeout=PEER_WAIT_S)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                return self._lost(e, self._refs.index(ref))
+            except ray.exceptions.RayTaskError:
+                continue
         return None
 
     def _lost(self, error: BaseException, rank: int) -> RunDone:
