@@ -40,6 +40,8 @@ FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "pp_bw_eff", "dp_bw_eff"
 """Efficiency fields refitted online: ``calibration.CPU_FIT`` minus memory (the ranking is by step time)."""
 TIME_METRICS = ("step_time_s", "forward_s", "backward_incl_recompute_s", "optimizer_s", "dp_exposed_s", "pp_idle_s")
 
+log = logging.getLogger(__name__)
+
 
 def key_of(params: Mapping[str, Any]) -> str:
     return json.dumps(dict(params), sort_keys=True)

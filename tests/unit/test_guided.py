@@ -127,3 +127,15 @@ def test_time_to_answer_counts_trials_and_seconds_to_the_first_config_near_the_b
     assert s["time_to_answer"]["trial"] == 1 and s["noise_aware_winner"]["trial"] == 3
     text = report.summary_text({**s, "sweep_wall_s": None})
     assert "time to answer: trial 1" in text and "noise-aware winner: trial 3" in text
+
+
+def test_the_default_sweep_builds_its_guided_sampler_through_the_backend():
+    """`make sweep` path: the default file's sampler.kind=guided goes through RayTrials.guided_sampler."""
+    from orchestrator import backends
+    from orchestrator.config import DEFAULT_SWEEP, load_sweep
+    from orchestrator.sweep_study import _sampler
+
+    cfg = load_sweep(DEFAULT_SWEEP, check=False)
+    assert cfg.sampler.kind == "guided"
+    sampler = _sampler(cfg, backends.build(cfg), list)
+    assert isinstance(sampler, guided.GuidedSampler) and sampler.ranking.modelled
