@@ -182,16 +182,18 @@ def replay(strategy: str, land: Landscape, seed: int, cap: int, budget: int,
     return SeedResult(strategy, seed, reach, land.within(best_single, 0.02), land.within(declared, 0.02), extra, errs)
 
 
-def declare(samples: dict[str, list[float]], land: Landscape, rng: random.Random) -> tuple[str, int]:
-    """The noise-aware winner (``orchestrator.winner``): re-measure while the rule asks, then the lowest
-    median. Returns (winner key, re-measurements)."""
+def declare(samples: dict[str, list[float]], land: Landscape, rng: random.Random,
+            rule: winner.WinnerRule | None = None) -> tuple[str, int]:
+    """The noise-aware winner as the sweep settles it (``Sweep._repeat_job``, the sweep file's ``winner:``):
+    one more run of ``winner.next_to_run`` at a time, up to ``max_repeats``, then the lowest median.
+    Returns (winner key, re-measurements)."""
+    rule = rule or getattr(getattr(land, "cfg", None), "winner", None) or winner.RULE
     s = {k: list(v) for k, v in samples.items()}
     extra = 0
-    while todo := winner.to_remeasure(s):
-        for k in todo:
-            runs = land.rows[k]["step_time_samples_s"]
-            s[k].append(runs[rng.randrange(len(runs))])
-            extra += 1
+    while extra < rule.max_repeats and (k := winner.next_to_run(s, rule)) is not None:
+        runs = land.rows[k]["step_time_samples_s"]
+        s[k].append(runs[rng.randrange(len(runs))])
+        extra += 1
     return winner.leader(s), extra
 
 

@@ -115,6 +115,7 @@ def _report(args: argparse.Namespace) -> int:
     from orchestrator.config import ConfirmConfig, load_saved_sweep
     from orchestrator.record import read_records
     from orchestrator.target import parse_target
+    from orchestrator.winner import RULE
 
     ledger = pick_ledger(args)
     records = read_records(ledger)
@@ -125,7 +126,7 @@ def _report(args: argparse.Namespace) -> int:
     repeats = (saved.confirm if saved else ConfirmConfig()).repeats
     print(report.table(records))
     print()
-    print(report.summary_text(report.summarize(records, target, repeats)))
+    print(report.summary_text(report.summarize(records, target, repeats, saved.winner if saved else RULE)))
     return EXIT_OK
 
 

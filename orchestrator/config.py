@@ -20,6 +20,7 @@ from typing import Any, Optional
 from orchestrator import REPO_ROOT, backends
 from orchestrator.space import Space, enumerate_space, parse_space
 from orchestrator.target import Target, parse_target
+from orchestrator.winner import WinnerRule
 from trainer.mapping import build
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,8 @@ class SweepConfig:
     """Param sets to try right after the baseline (flat dotted, in the space's terms)."""
     confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
     """Repeat runs of a config that meets the target."""
+    winner: WinnerRule = field(default_factory=WinnerRule)
+    """The noise-aware winner: re-measure the fastest configs after the search while their runs overlap."""
     search: SearchConfig = field(default_factory=SearchConfig)
     """The budget: trials and wall time."""
     sampler: SamplerConfig = field(default_factory=SamplerConfig)

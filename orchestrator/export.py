@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator import records_query as Q
+from orchestrator import records_query as Q, winner
 from orchestrator.config import load_saved_sweep
 from orchestrator.plan_verdict import verdict as plan_verdict, verdict_lines
 from orchestrator.megatron import format_args, megatron_args, megatron_args_for_plan
@@ -97,14 +97,16 @@ def step_time(record: TrialRecord) -> float | None:
 
 
 def pick(records: list[TrialRecord], trial: int | None, force: bool) -> tuple[TrialRecord, str | None]:
-    """(record, forced-despite reason). Winner: fastest exportable record, confirmed repeats first."""
+    """(record, forced-despite reason). Winner: the noise-aware winner (orchestrator.winner: lowest median over
+    a config's runs) of the exportable records, among the configs confirmed to meet the target if any were."""
     if trial is None:
         ok = [r for r in records if refusal(r) is None and step_time(r) is not None]
         if not ok:
             raise ValueError("no trial in the ledger finished with parity passed; pick one with --trial N "
                              "(and --force to export it anyway)")
-        confirmed = [r for r in ok if r.kind is Kind.CONFIRM]
-        return min(confirmed or ok, key=step_time), None
+        confirmed = {r.trial for r in ok if r.kind is Kind.CONFIRM}
+        runs, first = winner.ledger_runs([r for r in ok if not confirmed or r.trial in confirmed])
+        return pick(records, first[winner.leader(runs)], force)
     mine = [r for r in records if r.trial == trial]
     if not mine:
         have = sorted({r.trial for r in records})

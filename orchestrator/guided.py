@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import logging
 import math
 from typing import Any, Callable, Mapping, Sequence
@@ -30,6 +29,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import optuna
 from optuna.samplers import BaseSampler
+
+from orchestrator.winner import key_of
 
 FLOAT_POINTS = 3
 """Values a float param takes among the planner's candidates: its ends and geometric (or plain) middle."""
@@ -41,10 +42,6 @@ FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "pp_bw_eff", "dp_bw_eff"
 TIME_METRICS = ("step_time_s", "forward_s", "backward_incl_recompute_s", "optimizer_s", "dp_exposed_s", "pp_idle_s")
 
 log = logging.getLogger(__name__)
-
-
-def key_of(params: Mapping[str, Any]) -> str:
-    return json.dumps(dict(params), sort_keys=True)
 
 
 def family_of(name: str) -> str:

@@ -49,6 +49,9 @@ class Kind(enum.StrEnum):
     CONFIRM = "confirm"
     CANONICAL = "canonical"
     """The reference run of the baseline's maths in the simplest layout (orchestrator.trust); no candidate."""
+    REPEAT = "repeat"
+    """A re-measurement the noise-aware winner rule asked for (orchestrator.winner): the trial's config again,
+    after the search; it adds a run to the config's median and is no candidate of its own."""
 
 
 class Status(enum.StrEnum):
@@ -227,7 +230,8 @@ class TrialRecord:
     trial: int
     """The Optuna trial number; a confirm run carries the number of the trial it repeats."""
     kind: Kind
-    """baseline (the reference every trial is measured against), trial, or confirm (a repeat of a winner)."""
+    """baseline (the reference every trial is measured against), trial, confirm (a repeat of a config that met the
+    target), repeat (a re-measurement for the noise-aware winner) or canonical (the baseline's reference run)."""
     backend: str
     """Who produced the numbers: ``ray`` (measured) or ``model`` (the planner's prediction)."""
     params: dict[str, Any]
@@ -259,7 +263,7 @@ class TrialRecord:
     probe: Probe | None = None
     """The trial's probe run, when it made one."""
     repeat: int | None = None
-    """Confirm runs: which repeat (1-based)."""
+    """Confirm and repeat runs: which one of the trial's (1-based)."""
     duplicate_of: int | None = None
     """A repeated proposal that was not run again: the trial whose measurement it reuses."""
     artifacts: list[str] = field(default_factory=list)
@@ -283,8 +287,8 @@ class TrialRecord:
         if self.meets_target and self.status is not Status.OK:
             raise ValueError(f"TrialRecord.meets_target=True with status={self.status.value!r}: only an ok "
                              f"trial can meet the target")
-        if self.kind is Kind.CONFIRM and self.repeat is None:
-            raise ValueError("TrialRecord.repeat: a confirm record needs its repeat number (1-based)")
+        if self.kind in (Kind.CONFIRM, Kind.REPEAT) and self.repeat is None:
+            raise ValueError(f"TrialRecord.repeat: a {self.kind.value} record needs its repeat number (1-based)")
         for name in ("started_at", "finished_at"):
             v = getattr(self, name)
             if isinstance(v, (int, float)):

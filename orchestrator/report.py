@@ -6,6 +6,7 @@ Predicted (model backend) numbers are marked ``~`` and the table says they are p
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import sys
 import time
 from typing import Any, TextIO
@@ -13,7 +14,7 @@ from typing import Any, TextIO
 from orchestrator import parity
 from orchestrator import records_query as Q
 from orchestrator.plan_verdict import verdict, verdict_lines
-from orchestrator.winner import summary as noise_aware_winner, summary_text as noise_aware_text
+from orchestrator import winner as W
 from orchestrator.prefilter import prefilter_summary, prefilter_summary_text
 from orchestrator.record import Kind, Status, TrialRecord
 from orchestrator.target import Target
@@ -64,16 +65,22 @@ def table(records: list[TrialRecord], limit: int | None = None) -> str:
     ok = sorted((r for r in rows if r.status is Status.OK), key=lambda r: r.metrics.step_time_s or 0.0)
     rest = sorted((r for r in rows if r.status is not Status.OK), key=lambda r: r.trial)
     model = any(r.predicted for r in rows)
-    head = ["rank", "trial", "kind", "step time" + (" (pred.)" if model else ""), "speedup", "peak mem", "MFU",
-            "parity", "status", "params / reason"]
+    # Configs run more than once (confirm, repeat): their median, which the noise-aware winner ranks by.
+    runs, first = W.ledger_runs(records)
+    several = {first[k]: v for k, v in runs.items() if len(v) > 1}
+    head = ["rank", "trial", "kind", "step time" + (" (pred.)" if model else ""),
+            *(["median (runs)"] if several else []), "speedup", "peak mem", "MFU", "parity", "status",
+            "params / reason"]
     body = []
     for i, r in enumerate(ok + rest):
         m, pred = r.metrics, r.predicted
         status = r.status.value + (" *" if r.meets_target else "")
         if r.trial in confirms:
             status += " confirmed" if confirms[r.trial].meets_target else " unconfirmed"
+        median = ([f"{secs(statistics.median(several[r.trial]))} ({len(several[r.trial])})"
+                   if r.trial in several and r.status is Status.OK else "-"] if several else [])
         body.append([str(i + 1) if r.status is Status.OK else "-", str(r.trial), r.kind.value,
-                     secs(m.step_time_s, pred),
+                     secs(m.step_time_s, pred), *median,
                      f"{m.speedup_vs_baseline:.2f}x" if m.speedup_vs_baseline else "-",
                      fmt_bytes(m.peak_memory_bytes), f"{m.mfu:.1%}" if m.mfu is not None else "-", _parity(r), status,
                      short_params(r.params) if r.status in (Status.OK, Status.PRUNED) else one_line(r.reason, 90)])
@@ -86,7 +93,7 @@ def table(records: list[TrialRecord], limit: int | None = None) -> str:
     return "\n".join(lines)
 
 
-def summarize(records: list[TrialRecord], target: Target, repeats: int) -> dict[str, Any]:
+def summarize(records: list[TrialRecord], target: Target, repeats: int, rule: W.WinnerRule = W.RULE) -> dict[str, Any]:
     """The sweep's outcome as a plain, JSON-able dict (MLflow's summary.json and ``summary_text`` read it)."""
     base = Q.baseline_of(records)
     base_s = Q.baseline_s(records)
@@ -118,7 +125,7 @@ def summarize(records: list[TrialRecord], target: Target, repeats: int) -> dict[
         "breakdowns": _breakdowns(records, target_s) if rows and rows[0].predicted else [],
         "verdict": verdict(records, target_s),
         "time_to_answer": time_to_answer(records),
-        "noise_aware_winner": noise_aware_winner(records),
+        "noise_aware_winner": W.summary(records, rule),
     }
 
 
@@ -202,7 +209,7 @@ def summary_text(s: dict[str, Any]) -> str:
     if s.get("time_to_answer"):
         out.append(time_to_answer_text(s["time_to_answer"]))
     if s.get("noise_aware_winner") and not s["predicted"]:
-        out.append(noise_aware_text(s["noise_aware_winner"]))
+        out.append(W.summary_text(s["noise_aware_winner"]))
     if s.get("numerics"):
         out.append(s["numerics"])
     if s.get("breakdowns"):

@@ -17,11 +17,11 @@ from typing import Any, Generator
 
 import yaml
 
-from orchestrator import backends, report, trust
+from orchestrator import backends, report, trust, winner
 from orchestrator import records_query as Q
 from orchestrator.backends import RunOutcome
 from orchestrator.ledger import Ledger
-from orchestrator.record import TrialRecord
+from orchestrator.record import Kind, TrialRecord
 from orchestrator.space import suggest
 from orchestrator.sweep_judge import Job, Recorder
 from orchestrator.sweep_study import SweepError, SweepStudy
@@ -93,7 +93,7 @@ class Sweep:
         log.info(f"sweep {self.cfg.name}: {self.backend.name} backend on {runner.where if runner else '-'}; "
                  f"target {self.cfg.target.describe(self.baseline_s)}")
         self.drive(runner, t0)
-        summary = report.summarize(self.records, self.cfg.target, self.cfg.confirm.repeats)
+        summary = report.summarize(self.records, self.cfg.target, self.cfg.confirm.repeats, self.cfg.winner)
         book = self.recorder.bookkeeping
         summary.update(stopped_because=self.stop_reason or "the trial budget is spent", startup_s=startup,
                        mlflow_ui=self.recorder.tracker.open_hint() if self.recorder.tracker else None,
@@ -108,7 +108,7 @@ class Sweep:
         if (self.cfg.target.seconds(self.baseline_s) is not None
                 and Q.confirmed_winner(self.records, self.cfg.confirm.repeats)):
             self._target_reached("the target was already met and confirmed")
-        return None if self.stop_reason else self.backend.runner()
+        return None if self.stop_reason and self._repeat_of() is None else self.backend.runner()
 
     def drive(self, runner: Any, t0: float | None = None) -> None:
         """The loop: fill free slots with the next job, feed each finished run back to its job; closes ``runner``."""
@@ -149,8 +149,9 @@ class Sweep:
         if job.trial is not None:
             self.study.requeue(job.number, job.trial.params, job.trial.user_attrs)
             job.told = True
-        else:  # a confirm run: run it again (a resume finds it from the ledger too)
+        elif job.kind == "confirm":  # run it again (a resume finds it from the ledger too)
             self.queue.append(self._confirm_job(job.number, job.params, job.config))
+        # (a lost repeat run needs nothing: the winner rule asks for it again from the ledger)
         self.progress.running.pop(job.number, None)
         log.warning("trial %d (%s): %s; queued again, not held against its config", job.number, job.kind,
                     outcome.reason)
@@ -165,13 +166,20 @@ class Sweep:
                              f"for longer than storage.grace_period_s); stopping")
         if self.queue:
             return self.queue.pop(0)
-        if self.stop_reason or any(j.kind == "baseline" for j in active.values()):
+        if any(j.kind == "baseline" for j in active.values()):
             return None  # everything else is measured against the baseline
         walls = [r.wall_s for r in self.records if r.wall_s]
         wall_budget = self.cfg.search.wall_time_s
         if wall_budget is not None and elapsed + (statistics.median(walls) if walls else 0.0) > wall_budget:
-            self.stop_reason = f"the wall-time budget ({wall_budget:.0f} s) is spent"
+            self.stop_reason = self.stop_reason or f"the wall-time budget ({wall_budget:.0f} s) is spent"
             return None
+        job = None if self.stop_reason else self._next_trial(active)
+        if job is None and not active:  # the search is over and nothing it started is still running
+            job = self._repeat_job()
+        return job
+
+    def _next_trial(self, active: dict[int, Job]) -> Job | None:
+        """The next Optuna trial to run; None once the search is over (budget, target)."""
         while True:
             self._target_reached(None)  # a skipped trial below counts towards search.min_trials too
             if self.stop_reason:
@@ -251,6 +259,37 @@ class Sweep:
             n = self.cfg.search.min_trials
             if self.study.finished() >= n:
                 self.stop_reason = self.target_reason + (f" (after search.min_trials={n})" if n else "")
+
+    def _repeat_job(self) -> Job | None:
+        """One more run of a config the noise-aware winner rule cannot yet tell from the leader (orchestrator.winner);
+        None when the rule is satisfied, its ``max_repeats`` are spent, or runs are predictions. Derived from the
+        ledger alone, so a resumed sweep goes on where the dead one stopped."""
+        source = self._repeat_of()
+        if source is None:
+            return None
+        number = source.trial
+        job = Job("repeat", number, source.params, self.backend.configs.load(source.config))
+        n = sum(r.kind is Kind.REPEAT and r.trial == number for r in self.records) + 1
+
+        def steps() -> Generator[Any, Any, None]:
+            job.runs = [(yield job.config)]
+            self._finish(job, job.runs[0], repeat=n)
+
+        job.steps = steps()
+        self.progress.started(number, "repeat", job.params)
+        log.info("trial %d: run again (repeat %d) to settle the winner among the fastest configs", number, n)
+        return job
+
+    def _repeat_of(self) -> TrialRecord | None:
+        """The record of the config the winner rule wants run again next, if any (see _repeat_job)."""
+        rule = self.cfg.winner
+        if not self.backend.confirms or sum(r.kind is Kind.REPEAT for r in self.records) >= rule.max_repeats:
+            return None
+        runs, first = winner.ledger_runs(self.records)
+        key = winner.next_to_run(runs, rule)
+        if key is None:
+            return None
+        return next(r for r in self.records if r.trial == first[key] and r.kind in (Kind.BASELINE, Kind.TRIAL))
 
     def _confirm_job(self, number: int, params: dict, config: Any) -> Job:
         job = Job("confirm", number, params, config)

@@ -1,29 +1,51 @@
 """The noise-aware winner: configs compared by the median of their runs, with [min, max] as the interval.
 
-One rule, used by the replay (bench/replay.py, which re-measures as it says) and by the sweep summary
-(which reports it): the winner is the config with the lowest median; while any of the ``TOP_K`` lowest
-medians has an interval overlapping the leader's, each of those configs and the leader with fewer than
-``MIN_RUNS`` runs needs one more run. A config's interval is [min, max] of its runs; with one run, the run
-widened by the typical spread ((max - min) / median) of the configs with several, or ``DEFAULT_SPREAD``.
+One rule, used by the sweep (which runs the re-measurements it asks for once its search is over), the
+sweep summary, ``export`` and the replay (bench/replay.py): the winner is the config with the lowest median;
+while any of the ``top_k`` lowest medians has an interval overlapping the leader's, each of those configs
+and the leader with fewer than ``min_runs`` runs needs one more run, up to ``max_repeats`` extra runs in all.
+A config's interval is [min, max] of its runs; with one run, the run widened by the typical spread
+((max - min) / median) of the configs with several, or ``DEFAULT_SPREAD``.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from orchestrator.record import Kind, Status, TrialRecord
 
-TOP_K = 3
-MIN_RUNS = 3
 DEFAULT_SPREAD = 0.15
 """Relative spread assumed before any config has two runs (a 2-rank CPU trial re-measured: 41.6 -> 47.5 ms)."""
 
 
-def to_remeasure(runs: Mapping[str, Sequence[float]], top_k: int = TOP_K, min_runs: int = MIN_RUNS) -> list[str]:
+@dataclass(frozen=True)
+class WinnerRule:
+    """How the sweep settles its winner among configs whose measurements overlap (``winner:`` in a sweep file)."""
+
+    top_k: int = 3
+    """The fastest configs (by median) whose intervals are compared with the leader's."""
+    min_runs: int = 3
+    """Runs each config of an overlapping top needs before the rule is satisfied with its median."""
+    max_repeats: int = 8
+    """Most re-measurements a sweep runs after its search (a ``repeat`` line each); 0: none, and the summary
+    names the trials left unsettled. The model backend never re-measures: a prediction repeats exactly."""
+
+    def __post_init__(self) -> None:
+        for name, low in (("top_k", 1), ("min_runs", 1), ("max_repeats", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"winner.{name}={v!r}: a whole number >= {low}")
+
+
+RULE = WinnerRule()
+
+
+def to_remeasure(runs: Mapping[str, Sequence[float]], rule: WinnerRule = RULE) -> list[str]:
     """Keys (best median first) that need one more run before a winner can be declared; [] when none."""
-    top = sorted(runs, key=lambda k: statistics.median(runs[k]))[:top_k]
+    top = sorted(runs, key=lambda k: statistics.median(runs[k]))[:rule.top_k]
     if not top:
         return []
     spreads = [(max(v) - min(v)) / statistics.median(v) for v in runs.values() if len(v) > 1]
@@ -35,17 +57,27 @@ def to_remeasure(runs: Mapping[str, Sequence[float]], top_k: int = TOP_K, min_ru
 
     lead = top[0]
     overlap = [k for k in top[1:] if interval(k)[0] <= interval(lead)[1]]
-    return [k for k in ([lead] + overlap if overlap else []) if len(runs[k]) < min_runs]
+    return [k for k in ([lead] + overlap if overlap else []) if len(runs[k]) < rule.min_runs]
+
+
+def next_to_run(runs: Mapping[str, Sequence[float]], rule: WinnerRule = RULE) -> str | None:
+    """The one config to run again now: of those the rule asks for, the one with the fewest runs (best first)."""
+    todo = to_remeasure(runs, rule)
+    return min(todo, key=lambda k: len(runs[k])) if todo else None
 
 
 def leader(runs: Mapping[str, Sequence[float]]) -> str:
     return min(runs, key=lambda k: statistics.median(runs[k]))
 
 
+def key_of(params: Mapping[str, Any]) -> str:
+    return json.dumps(dict(params), sort_keys=True)
+
+
 def ledger_runs(records: Sequence[TrialRecord]) -> tuple[dict[str, list[float]], dict[str, int]]:
-    """Step times per config (params as sorted JSON) from ok trial, baseline and confirm records, and the
-    first trial number of each config. The canonical reference run shares the baseline's trial number but not
-    its config, and a reused measurement is not a run: neither counts."""
+    """Step times per config (``key_of`` its params) from ok trial, baseline, confirm and repeat records, and
+    the first trial number of each config. The canonical reference run shares the baseline's trial number but
+    not its config, and a reused measurement is not a run: neither counts."""
     runs: dict[str, list[float]] = {}
     first: dict[str, int] = {}
     params_of = {r.trial: r.params for r in records if r.kind in (Kind.BASELINE, Kind.TRIAL)}
@@ -53,28 +85,32 @@ def ledger_runs(records: Sequence[TrialRecord]) -> tuple[dict[str, list[float]],
         t = r.metrics.step_time_s
         if r.kind is Kind.CANONICAL or r.status is not Status.OK or not t or r.duplicate_of is not None:
             continue
-        key = json.dumps(params_of.get(r.trial, r.params), sort_keys=True)
+        key = key_of(params_of.get(r.trial, r.params))
         runs.setdefault(key, []).append(t)
         first.setdefault(key, r.trial)
     return runs, first
 
 
-def summary(records: Sequence[TrialRecord]) -> dict[str, Any] | None:
-    """The noise-aware winner of a ledger as measured: its trial, median and interval, and the trials the
-    rule would run again before declaring it (the sweep does not run them; the replay does)."""
+def summary(records: Sequence[TrialRecord], rule: WinnerRule = RULE) -> dict[str, Any] | None:
+    """The noise-aware winner of a ledger as measured: its trial, median and interval, the re-measurements the
+    sweep ran, and the trials the rule would still run again (the ``max_repeats`` budget was spent, or the sweep
+    stopped for its wall time)."""
     runs, first = ledger_runs(records)
     if not runs:
         return None
     lead = leader(runs)
     return {"trial": first[lead], "median_s": statistics.median(runs[lead]), "runs": len(runs[lead]),
             "interval_s": [min(runs[lead]), max(runs[lead])],
-            "remeasure_trials": [first[k] for k in to_remeasure(runs)]}
+            "repeats_run": sum(r.kind is Kind.REPEAT for r in records),
+            "remeasure_trials": [first[k] for k in to_remeasure(runs, rule)], "min_runs": rule.min_runs}
 
 
 def summary_text(w: Mapping[str, Any]) -> str:
     line = (f"noise-aware winner: trial {w['trial']}, median {w['median_s'] * 1e3:.1f} ms of {w['runs']} run(s) "
             f"[{w['interval_s'][0] * 1e3:.1f}, {w['interval_s'][1] * 1e3:.1f}]")
+    if w.get("repeats_run"):
+        line += f"; settled with {w['repeats_run']} re-measurement(s)"
     if w["remeasure_trials"]:
         line += (f"; not settled: trials {', '.join(map(str, w['remeasure_trials']))} overlap it and need more runs "
-                 f"({MIN_RUNS} each) to tell them apart")
+                 f"({w.get('min_runs', RULE.min_runs)} each) to tell them apart (winner.max_repeats)")
     return line

@@ -310,6 +310,26 @@ def test_a_met_target_is_confirmed_and_stops_the_sweep(ray_address, sweep_file):
     assert more["stopped_because"] == "the target was already met and confirmed (after search.min_trials=3)"
 
 
+def test_the_winner_is_settled_by_real_re_measurements_of_an_overlapping_top(ray_address, sweep_file):
+    # Three configs that differ only in a bucket size far above the tiny model's gradients (one bucket each):
+    # the same speed, so their single runs overlap and the rule re-runs the top before naming a winner.
+    space = {"params": {"data_parallel.bucket_mb": {"type": "categorical", "choices": [0.02, 50.0, 100.0]}}}
+    cfg = load_sweep(sweep_file(space=space, baseline={"parallel.pp": 1, "batch.micro_batch_size": 2},
+                                enqueue=[{"data_parallel.bucket_mb": 50.0}, {"data_parallel.bucket_mb": 100.0}]),
+                     ["search.n_trials=3", "winner.max_repeats=4", "winner.min_runs=2"])
+    summary, lines = run_sweep(cfg)
+    repeats = [r for r in lines if r.kind == "repeat"]
+    assert 1 <= len(repeats) <= 4
+    assert all(r.status == "ok" and r.parity.passed and r.result is not None for r in repeats)
+    top = {r.trial for r in lines if r.kind in ("baseline", "trial")}
+    assert {r.trial for r in repeats} <= top and [r.repeat for r in repeats if r.trial == repeats[0].trial][0] == 1
+    w = summary["noise_aware_winner"]
+    assert w["repeats_run"] == len(repeats) and (w["remeasure_trials"] == [] or len(repeats) == 4)
+    assert Ledger(cfg.results_dir / "trials.jsonl").read() == lines
+    again, more = run_sweep(cfg)  # a settled (or budget-spent) winner: a rerun measures nothing more
+    assert len(more) == len(lines)
+
+
 @pytest.mark.timeout(120)
 def test_a_baseline_that_cannot_run_stops_the_sweep_with_its_reason(ray_address, sweep_file):
     from orchestrator.sweep import SweepError

@@ -228,7 +228,9 @@ def _record(trial, kind, step_time, status="ok", parity_passed=True, backend="ra
         tolerance=TOL)
     result = _result(step_time) if (ok or not parity_passed) and backend == "ray" else None
     return TrialRecord(
-        sweep="demo", trial=trial, kind=kind, backend=backend, params={}, config=config, status=status,
+        # One config per trial number (the noise-aware winner groups runs by params)
+        sweep="demo", trial=trial, kind=kind, backend=backend, params={"config_of_trial": trial}, config=config,
+        status=status,
         reason=None if ok else ("RankFailed: rank 1 ran out of memory" if parity_passed else
                                 "parity: loss differs at step 2"),
         result=result, prediction=None, parity=parity if ok or not parity_passed else None,

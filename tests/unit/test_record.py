@@ -117,7 +117,7 @@ def test_unknown_keys_are_kept_not_dropped(lines):
 
 
 @pytest.mark.parametrize("key,value,match", [
-    ("kind", "trail", r"TrialRecord.kind='trail': must be one of \['baseline', 'trial', 'confirm', 'canonical'\]"),
+    ("kind", "trail", r"TrialRecord.kind='trail': must be one of \['baseline', 'trial', 'confirm', 'canonical', 'repeat'\]"),
     ("status", "crashed", r"TrialRecord.status='crashed': must be one of \['ok', 'failed'"),
     ("trial", -1, r"TrialRecord.trial=-1"),
     ("meets_target", "yes", r"TrialRecord.meets_target='yes'"),

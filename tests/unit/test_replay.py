@@ -47,7 +47,7 @@ def test_noise_aware_rule_remeasures_an_overlapping_top_and_drops_a_lucky_sample
     assert min(seen, key=lambda k: min(seen[k])) == "lucky"
     declared, extra = R.declare(seen, land, random.Random(0))
     assert declared == "steady"
-    assert 0 < extra <= winner.TOP_K * (winner.MIN_RUNS - 1)
+    assert 0 < extra <= winner.RULE.top_k * (winner.RULE.min_runs - 1)
     # Separated intervals: nothing to re-measure.
     assert R.declare({"a": [0.1, 0.1], "b": [0.2, 0.2]}, SimpleNamespace(rows={}), random.Random(0)) == ("a", 0)
 

@@ -7,6 +7,7 @@ function of the config (``pace``), so every decision the loop takes is scripted 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import optuna
@@ -267,3 +268,89 @@ def test_a_ledger_that_does_not_load_leaves_no_study_behind(config):
     with pytest.raises(ValueError, match="trials.jsonl:1: not a JSON line"):
         Sweep(cfg)
     assert optuna.get_all_study_names(cfg.optuna_url) == []  # so a fixed ledger resumes into a fresh study
+
+
+def scripted(paces: dict[int, list[float]]):
+    """Pace by micro-batch size, one value per run in turn (the last repeats); the canonical run (pp=1, mbs 2)
+    is not scripted."""
+    calls: dict[int, int] = {}
+
+    def pace(cfg):
+        mbs = cfg.batch.micro_batch_size
+        if cfg.parallel.pp == 1 and mbs == 2:
+            return 0.6
+        seq = paces[mbs]
+        i = calls.get(mbs, 0)
+        calls[mbs] = i + 1
+        return seq[min(i, len(seq) - 1)]
+    return pace
+
+
+def test_after_the_search_overlapping_top_configs_are_run_again_until_the_winner_is_settled(config):
+    # mbs 4 (trial 1) leads by its first run, 0.55 s against the baseline's 0.60 s: within the assumed 15%
+    # spread of one run, so the two overlap; its second run (0.50) separates them and the winner is settled.
+    cfg = config("search.n_trials=3", "winner.max_repeats=5", enqueue=[{"batch.micro_batch_size": 4},
+                                                                     {"batch.micro_batch_size": 1}])
+    sweep, runner = run_loop(cfg, FakeRunner(scripted({1: [2.0], 2: [0.60], 4: [0.55, 0.50]})))
+    repeats = [r for r in sweep.records if r.kind == "repeat"]
+    assert [(r.trial, r.repeat, r.params, r.metrics.step_time_s) for r in repeats] == \
+        [(1, 1, {"batch.micro_batch_size": 4}, 0.50)]
+    assert repeats[0].parity is not None and repeats[0].parity.passed  # judged like any run
+    assert sweep.study.finished() == 3  # a re-measurement is no trial of the study
+    assert sweep.records == sweep.ledger.read()
+    from orchestrator import report, winner
+
+    w = winner.summary(sweep.records, cfg.winner)
+    assert (w["trial"], w["runs"], w["repeats_run"], w["remeasure_trials"]) == (1, 2, 1, [])
+    assert "median (runs)" in report.table(sweep.records)
+
+
+def test_a_leader_by_one_lucky_run_loses_to_the_better_median(config):
+    cfg = config("search.n_trials=2", "winner.max_repeats=8", enqueue=[{"batch.micro_batch_size": 4}])
+    sweep, _ = run_loop(cfg, FakeRunner(scripted({2: [0.60, 0.58, 0.59], 4: [0.55, 0.70, 0.72]})))
+    runs = [(r.trial, r.metrics.step_time_s) for r in sweep.records if r.kind == "repeat"]
+    assert sorted(runs) == [(0, 0.58), (0, 0.59), (1, 0.70), (1, 0.72)]  # both to winner.min_runs=3
+    from orchestrator import winner
+
+    w = winner.summary(sweep.records, cfg.winner)
+    assert (w["trial"], w["median_s"], w["remeasure_trials"]) == (0, 0.59, [])
+
+
+def test_the_repeat_budget_bounds_the_re_measurements_and_the_summary_says_what_is_unsettled(config):
+    cfg = config("search.n_trials=2", "winner.max_repeats=1", enqueue=[{"batch.micro_batch_size": 4}])
+    sweep, _ = run_loop(cfg, FakeRunner(scripted({2: [0.60, 0.58, 0.59], 4: [0.55, 0.70, 0.72]})))
+    assert [(r.trial, r.repeat) for r in sweep.records if r.kind == "repeat"] == [(1, 1)]
+    from orchestrator import winner
+
+    w = winner.summary(sweep.records, cfg.winner)
+    assert w["remeasure_trials"] and "not settled" in winner.summary_text(w)
+    # A resumed sweep with a larger budget goes on from the ledger where this one stopped.
+    more = config("search.n_trials=2", "winner.max_repeats=8", enqueue=[{"batch.micro_batch_size": 4}])
+    again, runner = run_loop(more, FakeRunner(scripted({2: [0.58, 0.59], 4: [0.72]})))
+    assert sorted((r.trial, r.repeat) for r in again.records if r.kind == "repeat") == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    assert winner.summary(again.records, more.winner)["trial"] == 0
+
+
+def test_the_wall_time_budget_also_ends_the_re_measurements(config, monkeypatch):
+    import types
+
+    from orchestrator import sweep as sweep_module
+
+    clock = {"now": 0.0}  # the loop's clock advances by each run's wall, as if the runs took their time
+
+    class Timed(FakeRunner):
+        def submit(self, slot, cfg):
+            super().submit(slot, cfg)
+            clock["now"] += self._done[-1][1].wall_s
+
+    monkeypatch.setattr(sweep_module, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"], time=time.time))
+    # canonical + baseline: 7.4 s in, plus a median run of 3.7 s, fits 12 s: the trial starts; after it
+    # (10.8 s in) another run does not fit, so the overlapping leader is not run again.
+    cfg = config("search.n_trials=2", "search.wall_time_s=12", "winner.max_repeats=8",
+                 enqueue=[{"batch.micro_batch_size": 4}])
+    sweep, _ = run_loop(cfg, Timed(scripted({2: [0.60], 4: [0.55]})))
+    assert [r.kind for r in sweep.records] == ["canonical", "baseline", "trial"]
+    assert sweep.stop_reason == "the wall-time budget (12 s) is spent"
+    from orchestrator import winner
+
+    assert winner.summary(sweep.records, cfg.winner)["remeasure_trials"] == [1, 0]
