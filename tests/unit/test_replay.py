@@ -74,3 +74,18 @@ def test_the_sweep_summary_reports_the_same_rule_from_a_ledger():
     w = winner.summary(recs)
     assert (w["trial"], w["runs"], w["remeasure_trials"]) == (2, 3, [])  # medians 0.09 vs 0.12, apart
     assert "trial 2" in winner.summary_text(w)
+
+
+def test_the_landscape_resolution_is_one_without_noise_and_falls_with_overlapping_runs():
+    def land(rows):
+        rows = {k: {"key": k, "status": "ok", "step_time_samples_s": v, "median_s": sorted(v)[len(v) // 2]}
+                for k, v in rows.items()}
+        return R.Landscape(doc={}, cfg=None, configs=None, rows=rows, floats={})
+
+    clear = land({"a": [1.0, 1.0, 1.0], "b": [1.1, 1.1, 1.1], "c": [2.0, 2.0, 2.0]})
+    assert R.resolution(clear, 0.02, draws=200) == 1.0
+    # "b" is 5% slower by its median but one of its runs beats every run of "a": a fresh 3-run measurement
+    # sometimes names it, so the resolution at 2% is below one and at 10% it is one again.
+    tied = land({"a": [1.00, 1.00, 1.30], "b": [0.90, 1.05, 1.05], "c": [2.0, 2.0, 2.0]})
+    assert 0.3 < R.resolution(tied, 0.02, draws=400) < 0.95
+    assert R.resolution(tied, 0.10, draws=200) == 1.0
