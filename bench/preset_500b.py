@@ -32,7 +32,7 @@ CASES = (("baseline (article: 12 s = 8 + 4)", {}, "baseline"),
                                      "optimizer.overlap_param_gather": True}, None))
 CALIBRATED_FIT = ("matmul_eff", "dp_bw_eff")
 """Two physical parameters solved from the article's baseline: its 8 s of compute and 4 s of exposed traffic."""
-TIMING_FIELDS = ("matmul_eff", "gemm_tokens_half", "flash_attention_eff", "tp_overlap", "dp_bw_eff", "op_overhead_us")
+TIMING_FIELDS = ("matmul_eff", "gemm_tokens_half", "flash_attention_eff", "dp_bw_eff", "op_overhead_us")
 
 
 def _table(lines: list[str], label: str, base) -> None:

@@ -193,8 +193,6 @@ class Efficiency:
     """Fixed cost per layer per pass (kernel launches, synchronisation), microseconds."""
     tp_bw_eff: float = 0.7
     """Achieved fraction of link bandwidth for tensor-parallel collectives."""
-    tp_overlap: float = 0.0
-    """Fraction of tensor-parallel communication hidden under GEMMs (TE userbuffer overlap); 0 = none."""
     pp_bw_eff: float = 0.7
     """Achieved fraction of link bandwidth for pipeline point-to-point sends."""
     dp_bw_eff: float = 0.7
@@ -220,7 +218,6 @@ class Efficiency:
                 raise ValueError(f"basis_note: must be a string, got {self.basis_note!r}")
             for f in ("matmul_eff", "attention_eff", "tp_bw_eff", "pp_bw_eff", "dp_bw_eff", "optimizer_bw_eff"):
                 check_num(self, f, lo=0.0, hi=1.0, lo_open=True)
-            check_num(self, "tp_overlap", lo=0.0, hi=1.0)
             if self.flash_attention_eff is not None:
                 check_num(self, "flash_attention_eff", lo=0.0, hi=1.0, lo_open=True)
             check_num(self, "gemm_tokens_half", lo=0.0)

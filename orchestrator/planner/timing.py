@@ -11,7 +11,8 @@ Sources, per formula (also in docs/planner.md):
   all-reduce 2(n-1)/n; each costs (n-1) hops of latency (Patarasuk & Yuan 2009; Thakur et al. 2005).
 * Tensor parallelism: per layer 2 all-reduces forward and 2 backward (Shoeybi et al. 2019); with sequence
   parallelism each becomes an all-gather + reduce-scatter of the same volume, plus 2 all-gathers in the
-  backward pass for the weight gradients (Korthikanti et al. 2022, Sec. 4.2.2).
+  backward pass for the weight gradients (Korthikanti et al. 2022, Sec. 4.2.2). With tensor_parallel.comm_overlap
+  each collective hides under its GEMM as Transformer Engine's userbuffers pipeline them (comm.py).
 * Pipeline: time = m * slowest stage + (sum of the other stages) / v, which is (m + (p-1)/v) * t_stage when
   balanced: the bubble (p-1)/(v m) of Narayanan et al. Sec. 2.2. Point-to-point: 2 sends of b s h / t
   (scatter/gather optimisation, Sec. 4.1) per microbatch per chunk on the critical path.
@@ -24,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import (all_gather_time, all_reduce_time, bucket_tail, bus_bandwidth, exposed_after_slack,
-                   reduce_scatter_time)
+from .comm import (all_gather_time, all_reduce_time, bucket_tail, bulk_overlap_exposed, bus_bandwidth,
+                   exposed_after_slack, pipelined_overlap_exposed, reduce_scatter_time)
 from .knobs import Consts, Knobs, recomputed_layers, stage_params, state_bytes
 
 TP_OPS_FWD = 4
@@ -56,19 +57,41 @@ def layer_costs(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     flash_eff = getattr(e, "flash_attention_eff", None)
     attn_eff = flash_eff if (C.flash and flash_eff is not None) else e.attention_eff
     attn = 4.0 * T * C.s * C.h * (0.5 if C.flash else 1.0) / C.t / (C.peak * attn_eff)
-    tp_op = _ring(C.t, 2.0 * T * C.h, C.bw_tp, C.lat_tp) * (1.0 - e.tp_overlap)
     ovh = e.op_overhead_us * 1e-6
-    bwd_tp_ops = TP_OPS_FWD + (2 if C.sp else 0)
+    f_tp, b_tp, mlp_tp = tp_exposed(C, T, eta)
     return {
         "f_comp": gemm + attn + ovh,
         "b_comp": 2.0 * gemm + (ATTN_BWD_FUSED if C.flash else ATTN_BWD_UNFUSED) * attn + ovh,
-        "f_tp": TP_OPS_FWD * tp_op,
-        "b_tp": bwd_tp_ops * tp_op,
+        "f_tp": f_tp,
+        "b_tp": b_tp,
         "sel_comp": np.where(K.sel_mlp, mlp, 0.0) + np.where(K.sel_attn, attn, 0.0),
-        "sel_tp": np.where(K.sel_mlp, tp_op, 0.0),  # the MLP's input all-gather runs again
+        "sel_tp": np.where(K.sel_mlp, mlp_tp, 0.0),  # the MLP's input all-gather runs again
         "lm_f": 2.0 * T * C.V * C.h / C.t / (C.peak * eta),
         "p2p": np.where(C.p > 1, (2.0 * T * C.h / (C.t if C.sp else 1)) / C.bw_pp + C.lat_pp, 0.0),
     }
+
+
+def tp_exposed(C: Consts, T: np.ndarray, eta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exposed tensor-parallel seconds per layer per microbatch: (forward, backward, the MLP's input gather).
+
+    One all-gather or reduce-scatter moves the 2Th-byte activation. Without overlap every one is exposed:
+    4 forward, 4 backward (+2 weight-gradient all-gathers with sequence parallelism). With
+    ``tensor_parallel.comm_overlap`` (Megatron's userbuffer defaults; comm.py) each hides under its GEMM:
+    forward QKV/FC1 all-gathers and proj/FC2 reduce-scatters pipelined in tp chunks; backward the proj/FC2
+    dgrad all-gathers pipelined, and the QKV/FC1 input all-gathers and dgrad reduce-scatters in bulk beside
+    their dgrad and wgrad GEMMs. QKV is 3h^2 wide, proj h^2, FC1 and FC2 h*ffn each (the planner's MHA +
+    two-matrix MLP; a GQA/SwiGLU model's widths are folded into ffn).
+    """
+    c = _ring(C.t, 2.0 * T * C.h, C.bw_tp, C.lat_tp)
+    if not C.tp_overlap:
+        return TP_OPS_FWD * c, (TP_OPS_FWD + (2 if C.sp else 0)) * c, c
+    rate = 1.0 / (C.t * C.peak * eta)  # seconds per FLOP of a layer GEMM, split over the tp GPUs
+    qkv, proj, fc = (2.0 * T * w * rate for w in (3 * C.h * C.h, C.h * C.h, C.h * C.ffn))
+    pipe = lambda g: pipelined_overlap_exposed(c, g, C.t)  # noqa: E731
+    bulk = lambda g: bulk_overlap_exposed(c, g)  # noqa: E731
+    fwd = pipe(qkv) + pipe(proj) + 2.0 * pipe(fc)
+    bwd = pipe(proj) + pipe(fc) + 2.0 * bulk(qkv) + 2.0 * bulk(fc)
+    return fwd, bwd, pipe(fc)
 
 
 def stage_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
