@@ -104,7 +104,8 @@ def main() -> None:
               "Solved from the article's own 12 s = 8 + 4: " +
               ", ".join(f"{k} = {v:.3g}" for k, v in cal.fitted.items()) +
               ". The 10 s overlap figure is then predicted, not fitted. In a sweep or `plan`: "
-              "`planner.efficiency.matmul_eff=0.88 planner.efficiency.dp_bw_eff=0.251 "
+              f"`planner.efficiency.matmul_eff={cal.fitted['matmul_eff']:.2f} "
+              f"planner.efficiency.dp_bw_eff={cal.fitted['dp_bw_eff']:.3f} "
               "planner.efficiency.basis=calibrated` (the preset's comment).", ""]
     _table(lines, "calibrated", calibrated)
     _best(lines, [("blind", blind), ("calibrated", calibrated)], preset["space"]["params"], target_s)

@@ -31,7 +31,7 @@ from .timing import step_times
 
 BOUNDS: dict[str, tuple[float, float]] = {
     "matmul_eff": (0.02, 0.99), "attention_eff": (0.02, 0.99), "flash_attention_eff": (0.02, 0.99), "tp_bw_eff": (0.02, 0.99),
-    "pp_bw_eff": (0.02, 0.99), "dp_bw_eff": (0.01, 0.99), "optimizer_bw_eff": (0.02, 0.99),
+    "pp_bw_eff": (0.02, 0.99), "dp_bw_eff": (0.01, 0.99), "optimizer_bw_eff": (0.02, 0.99), "elementwise_bw_eff": (0.02, 0.99),
     "gemm_tokens_half": (0.0, 1e5), "op_overhead_us": (0.0, 1e5),
     "mem_reserved_gb": (0.0, 100.0), "mem_activation_factor": (0.5, 4.0),
 }
