@@ -31,6 +31,7 @@ import numpy as np
 from .comm import (all_gather_time, all_reduce_time, bucket_tail, bulk_overlap_exposed, bus_bandwidth,
                    exposed_after_slack, pipelined_overlap_exposed, reduce_scatter_time)
 from .knobs import Consts, Knobs, recomputed_layers, stage_params, state_bytes
+from .memory import ACTIVATION_SCALE
 
 TP_OPS_FWD = 4
 """All-gather/reduce-scatter-sized collectives per layer forward (2 all-reduces = 4 of them)."""
@@ -44,7 +45,7 @@ EW_FWD_H, EW_BWD_H = 22.0, 34.0
 kernels, bf16 = 2 bytes, 1-byte dropout mask). Forward: 2 LayerNorms (read x, write y: 4 each) and 2
 bias-dropout-adds (read input and residual, write output and mask: 7 each). Backward: 2 LayerNorms (read x
 and dy, write dx: 6), 2 bias-dropout-adds (read dy and mask, write dx: 5) and the 2 residual-gradient sums
-(read 2, write 1: 6)."""
+(read 2, write 1: 6). fp32 activations (job.precision fp32) move twice these bytes."""
 EW_FWD_F, EW_BWD_F = 4.0, 6.0
 """The same per element of the ffn-wide MLP activation: fused bias-GeLU reads and writes it (4); its
 backward reads input and dy and writes dx (6)."""
@@ -73,7 +74,7 @@ def layer_costs(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     # Memory-bound elementwise kernels: the h-wide ones run on every TP rank unless sequence parallelism
     # splits them (Korthikanti et al. 2022, Sec. 4.2.2); the MLP activation is always split.
     rep = 1.0 / C.t if C.sp else 1.0
-    hbm = C.hbm_bw * e.elementwise_bw_eff
+    hbm = C.hbm_bw * e.elementwise_bw_eff / ACTIVATION_SCALE[C.precision]  # fp32 activations move twice the bytes
     ew_f = (EW_FWD_H * T * C.h * rep + EW_FWD_F * T * C.ffn / C.t) / hbm
     ew_b = (EW_BWD_H * T * C.h * rep + EW_BWD_F * T * C.ffn / C.t) / hbm
     f_tp, b_tp, mlp_tp = tp_exposed(C, T, eta)
