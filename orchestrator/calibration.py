@@ -30,7 +30,7 @@ METRICS = ("step_time_s", "peak_memory_bytes") + tuple(PHASE_METRICS.values())
 CPU_FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "pp_bw_eff", "dp_bw_eff",
            "optimizer_bw_eff", "mem_activation_factor")
 """Fitted by default: what trials on one host can tell apart. Tensor parallelism is never used by the
-trainer (tp_bw_eff, tp_overlap stay as given), and the CPU memory measurement has no runtime overhead to
+trainer (tp_bw_eff stays as given), and the CPU memory measurement has no runtime overhead to
 fit (mem_reserved_gb). gemm_tokens_half trades off against matmul_eff unless the sweep varied the
 microbatch size widely; add it with ``fit=``."""
 

@@ -282,6 +282,8 @@ def megatron_args_for_plan(plan: dict) -> tuple[list[str], list[str]]:
     add("--pipeline-model-parallel-size", pp)
     if tp > 1 and get("tensor_parallel.sequence_parallel", False):
         add("--sequence-parallel")
+    if tp > 1 and get("tensor_parallel.comm_overlap", False):
+        add("--tp-comm-overlap")  # Transformer Engine userbuffers; the plan priced its exposure
     get("parallel.dp")  # Megatron derives it: world size / (tp x pp)
     used.update(k for k in flat if k.startswith("pipeline."))
     pipe = build(PipelineConfig, plan.get("pipeline") or {}, "pipeline")

@@ -31,8 +31,8 @@ from .timing import step_times
 
 BOUNDS: dict[str, tuple[float, float]] = {
     "matmul_eff": (0.02, 0.99), "attention_eff": (0.02, 0.99), "flash_attention_eff": (0.02, 0.99), "tp_bw_eff": (0.02, 0.99),
-    "pp_bw_eff": (0.02, 0.99), "dp_bw_eff": (0.01, 0.99), "optimizer_bw_eff": (0.02, 0.99),
-    "tp_overlap": (0.0, 0.99), "gemm_tokens_half": (0.0, 1e5), "op_overhead_us": (0.0, 1e5),
+    "pp_bw_eff": (0.02, 0.99), "dp_bw_eff": (0.01, 0.99), "optimizer_bw_eff": (0.02, 0.99), "elementwise_bw_eff": (0.02, 0.99),
+    "gemm_tokens_half": (0.0, 1e5), "op_overhead_us": (0.0, 1e5),
     "mem_reserved_gb": (0.0, 100.0), "mem_activation_factor": (0.5, 4.0),
 }
 """Fractions are fitted through a logit between their bounds; the rest through log(x + scale), so a

@@ -193,13 +193,15 @@ class Efficiency:
     """Fixed cost per layer per pass (kernel launches, synchronisation), microseconds."""
     tp_bw_eff: float = 0.7
     """Achieved fraction of link bandwidth for tensor-parallel collectives."""
-    tp_overlap: float = 0.0
-    """Fraction of tensor-parallel communication hidden under GEMMs (TE userbuffer overlap); 0 = none."""
     pp_bw_eff: float = 0.7
     """Achieved fraction of link bandwidth for pipeline point-to-point sends."""
     dp_bw_eff: float = 0.7
     """Achieved fraction of link bandwidth for data-parallel collectives when every replica group
     communicates at once (fabric contention lowers it at scale)."""
+    elementwise_bw_eff: float = 0.8
+    """Achieved fraction of HBM bandwidth in streaming elementwise kernels (LayerNorm, bias-dropout-add,
+    GeLU). A stated value, not fitted: large contiguous copies reach 80-90% of the HBM datasheet figure on
+    A100/H100 (device-to-device bandwidth tests); 0.8 leaves room for the kernels' reductions."""
     optimizer_bw_eff: float = 0.5
     """Achieved fraction of HBM bandwidth in the (memory-bound) optimizer step."""
     mem_reserved_gb: float = 5.0
@@ -218,9 +220,9 @@ class Efficiency:
             check_choice(self, "basis", tuple(EFFICIENCY_BASES))
             if not isinstance(self.basis_note, str):
                 raise ValueError(f"basis_note: must be a string, got {self.basis_note!r}")
-            for f in ("matmul_eff", "attention_eff", "tp_bw_eff", "pp_bw_eff", "dp_bw_eff", "optimizer_bw_eff"):
+            for f in ("matmul_eff", "attention_eff", "tp_bw_eff", "pp_bw_eff", "dp_bw_eff", "optimizer_bw_eff",
+                      "elementwise_bw_eff"):
                 check_num(self, f, lo=0.0, hi=1.0, lo_open=True)
-            check_num(self, "tp_overlap", lo=0.0, hi=1.0)
             if self.flash_attention_eff is not None:
                 check_num(self, "flash_attention_eff", lo=0.0, hi=1.0, lo_open=True)
             check_num(self, "gemm_tokens_half", lo=0.0)

@@ -26,6 +26,21 @@ optimizer's ``overlap_param_gather``; megatron/core/distributed/param_and_grad_b
   drains from the last stage to the first), so its reduction has that much slack before the update waits,
   and its first forward starts s forward slots after stage 0's, which hides that much of its all-gather.
 
+Tensor-parallel communication overlap (Megatron ``--tp-comm-overlap``: Transformer Engine userbuffers; needs
+sequence parallelism). Each all-gather / reduce-scatter of a layer runs next to the GEMM that consumes or
+produces its buffer, in one of two ways (Megatron's default userbuffer config, per GEMM):
+
+* pipelined ("ring exchange" / "pipeline"): the GEMM and the collective are both split into tp chunks and
+  run as a two-stage pipeline - chunk i's exchange while chunk i-1 multiplies (forward QKV/FC1 all-gather,
+  proj/FC2 reduce-scatter; backward proj/FC2 dgrad all-gather). A two-stage pipeline of n items taking c/n
+  and g/n each ends at c/n + g/n + (n-1) max(c/n, g/n), so it exposes one chunk's communication plus, when
+  the communication is the longer stage, its excess over the GEMM on the remaining chunks:
+  c/n + (n-1)/n max(0, c - g);
+* bulk: the collective runs beside an independent GEMM from start to end (backward QKV/FC1: the input
+  all-gather beside the dgrad GEMM, the dgrad reduce-scatter beside the wgrad GEMM): max(0, c - g).
+
+Either way at most the GEMM is hidden and never more than the communication.
+
 Nothing here is fitted: every exposed second follows from sizes, bandwidths and the compute it overlaps.
 """
 
@@ -89,3 +104,19 @@ def bucket_tail(per_bucket, n_buckets, window):
 def exposed_after_slack(tail, slack):
     """What of a stage's tail the update still waits for when the stage had ``slack`` seconds in hand."""
     return np.maximum(0.0, np.asarray(tail, dtype=float) - np.asarray(slack, dtype=float))
+
+
+def pipelined_overlap_exposed(comm_s, gemm_s, chunks: int):
+    """Seconds of a collective left exposed when it is pipelined with a GEMM in ``chunks`` chunks.
+
+    Two-stage pipeline makespan c/n + g/n + (n-1) max(c/n, g/n) minus the GEMM's own g:
+    c/n + (n-1)/n max(0, c - g). One chunk is always exposed; at most (n-1)/n of the GEMM hides the rest.
+    """
+    comm_s = np.asarray(comm_s, dtype=float)
+    n = max(1, int(chunks))
+    return comm_s / n + (n - 1) / n * np.maximum(0.0, comm_s - np.asarray(gemm_s, dtype=float))
+
+
+def bulk_overlap_exposed(comm_s, gemm_s):
+    """Seconds of a collective left exposed when it runs beside an independent GEMM: max(0, c - g)."""
+    return np.maximum(0.0, np.asarray(comm_s, dtype=float) - np.asarray(gemm_s, dtype=float))

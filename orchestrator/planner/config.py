@@ -32,11 +32,19 @@ class TensorParallel:
     sequence_parallel: bool = True
     """Megatron sequence parallelism (Korthikanti et al. 2022): LayerNorm/dropout activations and pipeline
     sends are split over the tensor-parallel group instead of replicated. A no-op at size 1."""
+    comm_overlap: bool = False
+    """Megatron's --tp-comm-overlap (Transformer Engine userbuffers): each layer's all-gathers and
+    reduce-scatters run pipelined with, or beside, the GEMMs next to them, so only what those GEMMs cannot
+    cover stays exposed (docs/planner.md). Needs sequence_parallel; a no-op at size 1."""
 
     def __post_init__(self) -> None:
         with prefixed("tensor_parallel"):
             check_int(self, "size", 1)
             check_bool(self, "sequence_parallel")
+            check_bool(self, "comm_overlap")
+            if self.comm_overlap and self.size > 1 and not self.sequence_parallel:
+                raise ValueError("comm_overlap: needs tensor_parallel.sequence_parallel (Megatron overlaps the "
+                                 "sequence-parallel all-gathers and reduce-scatters only); turn it on or drop the overlap")
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,14 @@ from .corpus import Row, load
 from .predict import point_step_time
 
 A100_PRIOR = Efficiency(matmul_eff=0.6, gemm_tokens_half=256.0, attention_eff=0.3, op_overhead_us=50.0,
-                        tp_bw_eff=0.7, tp_overlap=0.0, pp_bw_eff=0.7, dp_bw_eff=0.7, optimizer_bw_eff=0.5,
+                        tp_bw_eff=0.7, pp_bw_eff=0.7, dp_bw_eff=0.7, optimizer_bw_eff=0.5,
                         mem_reserved_gb=4.0, flash_attention_eff=0.5)
 """Starting values (priors, not measurements) for the A100 fit."""
 A100_FIT = ("matmul_eff", "gemm_tokens_half", "attention_eff", "op_overhead_us", "dp_bw_eff")
 H100_FIT = ("matmul_eff",)
-"""One H100 fit row (Llama 3 on 8,192 GPUs) identifies one parameter; the rest transfer from the A100 set,
-except tp_overlap, which Megatron-Core/TE runs have on (prior 0.5 of TP traffic hidden, an ASSUMPTION)."""
+"""One H100 fit row (Llama 3 on 8,192 GPUs) identifies one parameter; the rest transfer from the A100 set.
+TP communication overlap is not an efficiency: a row says whether its run had it (tensor_parallel.comm_overlap)
+and timing.py derives what stays exposed from the GEMMs it runs under."""
 TRANSFER = {"h200": "h100-sxm", "b200": "h100-sxm"}
 BAND_QUANTILES = (0.1, 0.9)
 """An 80% band from the held-out residuals."""
@@ -52,7 +53,7 @@ def fit_generation(rows: Sequence[Row], generation: str, base: Efficiency | None
         start, names = base or A100_PRIOR, A100_FIT
     elif generation == "h100-sxm":
         a100 = base or fit_generation(rows, "a100-80gb").efficiency
-        start, names = dataclasses.replace(a100, tp_overlap=0.5, mem_reserved_gb=5.0), H100_FIT
+        start, names = dataclasses.replace(a100, mem_reserved_gb=5.0), H100_FIT
     else:
         raise ValueError(f"generation: {generation} has no fit rows; use transferred_efficiency")
     mine = [r for r in rows if r.gpu == generation]

@@ -58,6 +58,8 @@ class Consts:
     """NVLink bytes/s per GPU (raw datasheet figure; comm.py derives each group's bus bandwidth)."""
     inter_bw: float = 0.0
     """NIC bytes/s per GPU (raw)."""
+    tp_overlap: bool = False
+    """Megatron's TP communication overlap is on (tensor_parallel.comm_overlap, tp > 1)."""
 
     @classmethod
     def of(cls, cfg: PlanConfig, eff: object | None = None) -> "Consts":
@@ -81,6 +83,7 @@ class Consts:
             num_gpus=c.num_gpus, eff=e, precision=cfg.job.precision, pos_rows=m.position_embeddings,
             matmul_per_layer=m.matmul_params_per_layer, tensors_per_layer=m.tensors_per_layer,
             gpus_per_node=gpn, intra_bw=intra[0], inter_bw=inter[0],
+            tp_overlap=cfg.tensor_parallel.comm_overlap and tp > 1,
         )
 
 

@@ -41,7 +41,7 @@ def a100_cluster(num_gpus: int) -> ClusterSpec:
 
 
 A100_PRIOR = Efficiency(matmul_eff=0.6, gemm_tokens_half=256.0, attention_eff=0.3, op_overhead_us=50.0,
-                        tp_bw_eff=0.7, tp_overlap=0.0, pp_bw_eff=0.7, dp_bw_eff=0.7,
+                        tp_bw_eff=0.7, pp_bw_eff=0.7, dp_bw_eff=0.7,
                         optimizer_bw_eff=0.5, mem_reserved_gb=4.0, mem_activation_factor=1.0)
 """Starting values for the A100 fit: 2021-22 Megatron had no TP overlap and unfused attention."""
 

@@ -6,12 +6,16 @@ Sources, per formula (also in docs/planner.md):
   attention scores 4 b s^2 h: Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU
   Clusters Using Megatron-LM"), Appendix / eq. 3. Backward = 2x forward (same paper). Causal fused
   attention skips half the score FLOPs and its backward is 2.5x its forward (Dao 2023, FlashAttention-2).
+* Elementwise kernels (LayerNorm, bias-dropout-add, GeLU, residual-gradient sums) are memory-bound: their
+  bytes (EW_* below) at HBM bandwidth x elementwise_bw_eff; the h-wide ones are replicated over TP without
+  sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2).
 * LM head: 2 b s V h forward (Narayanan et al. eq. 3's V/(16 l h) term), on the last stage only.
 * Collectives, alpha-beta ring model: reduce-scatter and all-gather move (n-1)/n of the buffer per GPU,
   all-reduce 2(n-1)/n; each costs (n-1) hops of latency (Patarasuk & Yuan 2009; Thakur et al. 2005).
 * Tensor parallelism: per layer 2 all-reduces forward and 2 backward (Shoeybi et al. 2019); with sequence
   parallelism each becomes an all-gather + reduce-scatter of the same volume, plus 2 all-gathers in the
-  backward pass for the weight gradients (Korthikanti et al. 2022, Sec. 4.2.2).
+  backward pass for the weight gradients (Korthikanti et al. 2022, Sec. 4.2.2). With tensor_parallel.comm_overlap
+  each collective hides under its GEMM as Transformer Engine's userbuffers pipeline them (comm.py).
 * Pipeline: time = m * slowest stage + (sum of the other stages) / v, which is (m + (p-1)/v) * t_stage when
   balanced: the bubble (p-1)/(v m) of Narayanan et al. Sec. 2.2. Point-to-point: 2 sends of b s h / t
   (scatter/gather optimisation, Sec. 4.1) per microbatch per chunk on the critical path.
@@ -24,9 +28,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import (all_gather_time, all_reduce_time, bucket_tail, bus_bandwidth, exposed_after_slack,
-                   reduce_scatter_time)
+from .comm import (all_gather_time, all_reduce_time, bucket_tail, bulk_overlap_exposed, bus_bandwidth,
+                   exposed_after_slack, pipelined_overlap_exposed, reduce_scatter_time)
 from .knobs import Consts, Knobs, recomputed_layers, stage_params, state_bytes
+from .memory import ACTIVATION_SCALE
 
 TP_OPS_FWD = 4
 """All-gather/reduce-scatter-sized collectives per layer forward (2 all-reduces = 4 of them)."""
@@ -35,6 +40,15 @@ ATTN_BWD_UNFUSED = 2.0
 ADAM_BYTES = 26.0
 """HBM bytes an Adam step moves per (sharded) parameter besides the gradient read: fp32 master, m, v
 read and written (24) and the bf16 parameter written back (2)."""
+EW_FWD_H, EW_BWD_H = 22.0, 34.0
+"""HBM bytes per element of the h-wide activation that a layer's elementwise kernels move (Megatron's fused
+kernels, bf16 = 2 bytes, 1-byte dropout mask). Forward: 2 LayerNorms (read x, write y: 4 each) and 2
+bias-dropout-adds (read input and residual, write output and mask: 7 each). Backward: 2 LayerNorms (read x
+and dy, write dx: 6), 2 bias-dropout-adds (read dy and mask, write dx: 5) and the 2 residual-gradient sums
+(read 2, write 1: 6). fp32 activations (job.precision fp32) move twice these bytes."""
+EW_FWD_F, EW_BWD_F = 4.0, 6.0
+"""The same per element of the ffn-wide MLP activation: fused bias-GeLU reads and writes it (4); its
+backward reads input and dy and writes dx (6)."""
 TORCH_ADAM_BYTES = 24.0
 """The same for torch AdamW on fp32 parameters: the parameter, m and v, each read and written."""
 
@@ -56,19 +70,58 @@ def layer_costs(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     flash_eff = getattr(e, "flash_attention_eff", None)
     attn_eff = flash_eff if (C.flash and flash_eff is not None) else e.attention_eff
     attn = 4.0 * T * C.s * C.h * (0.5 if C.flash else 1.0) / C.t / (C.peak * attn_eff)
-    tp_op = _ring(C.t, 2.0 * T * C.h, C.bw_tp, C.lat_tp) * (1.0 - e.tp_overlap)
     ovh = e.op_overhead_us * 1e-6
-    bwd_tp_ops = TP_OPS_FWD + (2 if C.sp else 0)
+    # Memory-bound elementwise kernels: the h-wide ones run on every TP rank unless sequence parallelism
+    # splits them (Korthikanti et al. 2022, Sec. 4.2.2); the MLP activation is always split.
+    rep = 1.0 / C.t if C.sp else 1.0
+    hbm = C.hbm_bw * e.elementwise_bw_eff / ACTIVATION_SCALE[C.precision]  # fp32 activations move twice the bytes
+    ew_f = (EW_FWD_H * T * C.h * rep + EW_FWD_F * T * C.ffn / C.t) / hbm
+    ew_b = (EW_BWD_H * T * C.h * rep + EW_BWD_F * T * C.ffn / C.t) / hbm
+    f_tp, b_tp, mlp_tp = tp_exposed(C, T, eta)
     return {
-        "f_comp": gemm + attn + ovh,
-        "b_comp": 2.0 * gemm + (ATTN_BWD_FUSED if C.flash else ATTN_BWD_UNFUSED) * attn + ovh,
-        "f_tp": TP_OPS_FWD * tp_op,
-        "b_tp": bwd_tp_ops * tp_op,
+        "f_comp": gemm + attn + ovh + ew_f,
+        "b_comp": 2.0 * gemm + (ATTN_BWD_FUSED if C.flash else ATTN_BWD_UNFUSED) * attn + ovh + ew_b,
+        "f_tp": f_tp,
+        "b_tp": b_tp,
         "sel_comp": np.where(K.sel_mlp, mlp, 0.0) + np.where(K.sel_attn, attn, 0.0),
-        "sel_tp": np.where(K.sel_mlp, tp_op, 0.0),  # the MLP's input all-gather runs again
+        "sel_tp": np.where(K.sel_mlp, mlp_tp, 0.0),  # the MLP's input all-gather runs again
         "lm_f": 2.0 * T * C.V * C.h / C.t / (C.peak * eta),
-        "p2p": np.where(C.p > 1, (2.0 * T * C.h / (C.t if C.sp else 1)) / C.bw_pp + C.lat_pp, 0.0),
+        "p2p": np.where(C.p > 1, p2p_send(C, T), 0.0),
     }
+
+
+def tp_exposed(C: Consts, T: np.ndarray, eta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exposed tensor-parallel seconds per layer per microbatch: (forward, backward, the MLP's input gather).
+
+    One all-gather or reduce-scatter moves the 2Th-byte activation. Without overlap every one is exposed:
+    4 forward, 4 backward (+2 weight-gradient all-gathers with sequence parallelism). With
+    ``tensor_parallel.comm_overlap`` (Megatron's userbuffer defaults; comm.py) each hides under its GEMM:
+    forward QKV/FC1 all-gathers and proj/FC2 reduce-scatters pipelined in tp chunks; backward the proj/FC2
+    dgrad all-gathers pipelined, and the QKV/FC1 input all-gathers and dgrad reduce-scatters in bulk beside
+    their dgrad and wgrad GEMMs. QKV is 3h^2 wide, proj h^2, FC1 and FC2 h*ffn each (the planner's MHA +
+    two-matrix MLP; a GQA/SwiGLU model's widths are folded into ffn).
+    """
+    c = _ring(C.t, 2.0 * T * C.h, C.bw_tp, C.lat_tp)
+    if not C.tp_overlap:
+        return TP_OPS_FWD * c, (TP_OPS_FWD + (2 if C.sp else 0)) * c, c
+    rate = 1.0 / (C.t * C.peak * eta)  # seconds per FLOP of a layer GEMM, split over the tp GPUs
+    qkv, proj, fc = (2.0 * T * w * rate for w in (3 * C.h * C.h, C.h * C.h, C.h * C.ffn))
+    pipe = lambda g: pipelined_overlap_exposed(c, g, C.t)  # noqa: E731
+    bulk = lambda g: bulk_overlap_exposed(c, g)  # noqa: E731
+    fwd = pipe(qkv) + pipe(proj) + 2.0 * pipe(fc)
+    bwd = pipe(proj) + pipe(fc) + 2.0 * bulk(qkv) + 2.0 * bulk(fc)
+    return fwd, bwd, pipe(fc)
+
+
+def p2p_send(C: Consts, T: np.ndarray) -> np.ndarray:
+    """One pipeline send of a microbatch's 2Th-byte activation (or its gradient), seconds.
+
+    Every tp rank sends 1/t of it: with sequence parallelism the tensor is already split; without it
+    Megatron's scatter/gather optimisation (Narayanan et al. 2021, Sec. 4.1; --scatter-gather-tensors-in-
+    pipeline, on by default) sends a 1/t slice per rank and all-gathers the slices over NVLink on arrival.
+    """
+    gather = 0.0 if C.sp else _ring(C.t, 2.0 * T * C.h, C.bw_tp, C.lat_tp)
+    return 2.0 * T * C.h / C.t / C.bw_pp + C.lat_pp + gather
 
 
 def stage_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:

@@ -11,7 +11,7 @@ from orchestrator.planner import (BatchConfig, ClusterSpec, ReplicateDP, TensorP
                                   apply_params, calibrate, predict)
 
 TRUE = Efficiency(matmul_eff=0.55, gemm_tokens_half=256.0, attention_eff=0.35, op_overhead_us=40.0, tp_bw_eff=0.6,
-                  tp_overlap=0.0, pp_bw_eff=0.7, dp_bw_eff=0.4,
+                  pp_bw_eff=0.7, dp_bw_eff=0.4,
                   mem_reserved_gb=6.0, mem_activation_factor=1.15)
 START = Efficiency()   # the defaults: every fitted value starts 15-400% away from the truth
 FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "tp_bw_eff", "dp_bw_eff",

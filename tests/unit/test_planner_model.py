@@ -28,7 +28,7 @@ def baseline(preset) -> PlanConfig:
     return apply_params(plan_config_from_dict(preset["planner"]), preset["baseline"])
 
 
-CALIBRATED = {"matmul_eff": 0.88, "dp_bw_eff": 0.251, "basis": "calibrated"}
+CALIBRATED = {"matmul_eff": 0.80, "dp_bw_eff": 0.251, "basis": "calibrated"}
 """The preset's documented calibrated set (its efficiency comment; bench/preset_500b.py solves these two)."""
 
 
@@ -59,10 +59,11 @@ def test_overlap_hides_no_more_than_the_last_microbatch_backward(baseline):
     assert after.compute_track_s == pytest.approx(before.compute_track_s)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 9: with Megatron's last-microbatch overlap the preset's layout does "
-                   "not reach 9.30 s by overlap + no recompute; bench/results/preset_500b.md")
-def test_target_reachable_within_memory(baseline):
-    cfg = apply_params(baseline, {**OVERLAP, "optimizer.overlap_param_gather": True, "recompute.kind": "none"})
+@pytest.mark.xfail(strict=True, reason="issue 9: from the article's own 12 s baseline (the calibrated set), Megatron's "
+                   "last-microbatch overlap + no recompute does not reach 9.30 s; bench/results/preset_500b.md. (The "
+                   "blind set's level rests on one H100 row and moves with it, so it is not the reference here.)")
+def test_target_reachable_within_memory(calibrated):
+    cfg = apply_params(calibrated, {**OVERLAP, "optimizer.overlap_param_gather": True, "recompute.kind": "none"})
     p = predict(cfg)
     assert p.step_time_s <= 9.30 and p.fits_memory
 

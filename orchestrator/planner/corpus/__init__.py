@@ -82,7 +82,10 @@ def row_planner_dict(r: Mapping[str, Any], eff: Efficiency) -> dict[str, Any]:
         "job": {"seq_len": r["seq"], "precision": r.get("precision", "mixed")},
         "efficiency": dataclasses.asdict(eff),
         "parallel": {"pp": pp, "dp": gpus // (tp * pp)},
-        "tensor_parallel": {"size": tp, "sequence_parallel": sel and tp > 1},
+        # Rows may state sequence_parallel and tp_comm_overlap (Megatron --tp-comm-overlap); unstated: SP with
+        # selective recompute only (Korthikanti et al.'s pairing), no TP overlap.
+        "tensor_parallel": {"size": tp, "sequence_parallel": r.get("sequence_parallel", sel and tp > 1),
+                            "comm_overlap": r.get("tp_comm_overlap", False)},
         "batch": {"global_batch": r["gbs"], "micro_batch_size": r["mbs"]},
         "pipeline": pipeline,
         "recompute": recompute,

@@ -1,0 +1,62 @@
+"""Two mechanisms of the step-time model against hand-computed cases: Megatron's pipeline scatter/gather
+sends and the memory-bound elementwise kernels (timing.py)."""
+
+import dataclasses
+
+import pytest
+
+from orchestrator.planner import (BatchConfig, ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig,
+                                  PlanConfig, TensorParallel)
+from orchestrator.planner.knobs import Consts, encode
+from orchestrator.planner.timing import layer_costs
+
+T, H, F, TP = 2048.0, 12288.0, 4 * 12288.0, 8
+
+
+def _cfg(sp: bool, ew_eff: float = 0.8) -> PlanConfig:
+    return PlanConfig(
+        cluster=ClusterSpec(num_gpus=16, gpus_per_node=8, peak_tflops=312.0, hbm_bw_GBps=2039.0,
+                            intra_node_bw_GBps=300.0, intra_node_latency_us=3.0, inter_node_bw_GBps=25.0,
+                            inter_node_latency_us=6.0),
+        model=ModelSpec(num_layers=4, hidden_size=int(H), num_heads=96, vocab_size=51200, flash_attention=False),
+        job=JobSpec(seq_len=int(T)),
+        efficiency=Efficiency(tp_bw_eff=0.7, pp_bw_eff=0.7, elementwise_bw_eff=ew_eff),
+        parallel=ParallelConfig(pp=2, dp=1), tensor_parallel=TensorParallel(size=TP, sequence_parallel=sp),
+        batch=BatchConfig(global_batch=4, micro_batch_size=1),
+    )
+
+
+def _lc(cfg: PlanConfig) -> dict:
+    return {k: float(v[0]) for k, v in layer_costs(Consts.of(cfg), encode([cfg])).items()}
+
+
+def test_pipeline_send_is_a_tp_slice_with_or_without_sequence_parallelism():
+    # Each of the 8 TP ranks sends 2Th/8 bytes over its own NIC (inter-node: pp stages are 8 GPUs apart).
+    slice_s = 2 * T * H / TP / (25e9 * 0.7) + 6e-6
+    assert _lc(_cfg(sp=True))["p2p"] == pytest.approx(slice_s, rel=1e-12)
+    # Without SP, Megatron's scatter/gather re-assembles the slices with an NVLink all-gather on arrival.
+    gather = 7 / 8 * 2 * T * H / (300e9 * 0.7) + 7 * 3e-6
+    assert _lc(_cfg(sp=False))["p2p"] == pytest.approx(slice_s + gather, rel=1e-12)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_elementwise_bytes_by_hand(sp):
+    # The elementwise time is the only term that depends on elementwise_bw_eff: the difference between two
+    # values isolates its bytes. Forward 22 bytes per h-wide element (replicated over TP without SP) + 4 per
+    # ffn-wide element over TP; backward 34 and 6.
+    a, b = _lc(_cfg(sp, 0.8)), _lc(_cfg(sp, 0.4))
+    rep = 1 / TP if sp else 1.0
+    fwd = 22 * T * H * rep + 4 * T * F / TP
+    bwd = 34 * T * H * rep + 6 * T * F / TP
+    per_byte = 1 / (2039e9 * 0.4) - 1 / (2039e9 * 0.8)
+    assert b["f_comp"] - a["f_comp"] == pytest.approx(fwd * per_byte, rel=1e-9)
+    assert b["b_comp"] - a["b_comp"] == pytest.approx(bwd * per_byte, rel=1e-9)
+
+
+def test_sequence_parallelism_splits_the_replicated_elementwise_work():
+    off, on = _lc(_cfg(False)), _lc(_cfg(True))
+    saved = 22 * T * H * (1 - 1 / TP) / (2039e9 * 0.8)
+    assert off["f_comp"] - on["f_comp"] == pytest.approx(saved, rel=1e-9)
+    assert dataclasses.replace(Efficiency(), elementwise_bw_eff=0.5).elementwise_bw_eff == 0.5
+    with pytest.raises(ValueError, match="elementwise_bw_eff"):
+        Efficiency(elementwise_bw_eff=0.0)
