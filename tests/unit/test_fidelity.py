@@ -20,6 +20,38 @@ def test_equivalent_ffn_keeps_llama_parameters():
     assert abs(P / 405.9e9 - 1) < 0.01          # Llama 3.1 405B: 405.9e9 parameters (HF model card)
 
 
+def test_dgxc_rows_follow_the_split_rule_declared_in_the_header():
+    """corpus.yaml: within a later-added source, each model's rows sorted by GPU count alternate fit,
+    heldout, fit, ... (so each model has a held-out row)."""
+    groups: dict[tuple, list] = {}
+    for r in corpus.load():
+        if r.source == "DGXC" and r.split != "not_modelled":
+            groups.setdefault((r.raw["layers"], r.raw["hidden"]), []).append(r)
+    assert len(groups) == 3
+    for rows in groups.values():
+        rows.sort(key=lambda r: r.raw["gpus"])
+        assert [r.split for r in rows] == ["fit" if i % 2 == 0 else "heldout" for i in range(len(rows))]
+        assert all(r.gpu == "h100-sxm" and r.raw.get("cp", 1) == 1 for r in rows)
+
+
+def test_equivalent_ffn_keeps_nemotron4_parameters():
+    """GQA + a two-matrix (squared-ReLU) MLP given as ``ffn``: Nemotron-4 15B has 3.2B embedding and 12.5B
+    non-embedding parameters (Nemotron-4 15B technical report, arXiv 2402.16819, Sec. 2)."""
+    r = next(x for x in corpus.load() if x.id == "dgxc-nemotron4-15b-16")
+    assert corpus.equivalent_ffn(r.raw) == 24576 + 8 * 128 - 6144
+    P = r.config(fidelity.A100_PRIOR).model.total_params
+    emb = 2 * 256000 * 6144                          # untied input and output embeddings
+    assert abs(emb / 3.2e9 - 1) < 0.02 and abs((P - emb) / 12.5e9 - 1) < 0.01
+
+
+def test_h100_fit_moves_at_most_one_parameter_per_fit_row():
+    rows = [r for r in corpus.load() if r.split == "fit"]
+    a100 = fidelity.fit_generation(rows, "a100-80gb")
+    one = fidelity.fit_generation([r for r in rows if r.id == "l3-405b-8192"], "h100-sxm", base=a100.efficiency)
+    assert set(one.fitted) == {"matmul_eff"}
+    assert one.efficiency.dp_bw_eff == a100.efficiency.dp_bw_eff
+
+
 def test_bands_hold_heldout_truth_at_their_stated_rate_out_of_source():
     """Band built from the other sources' LOSO residuals, checked on the left-out source's rows."""
     rows = corpus.load()

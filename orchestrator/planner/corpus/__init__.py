@@ -50,14 +50,17 @@ def cluster_dict(gpu: str) -> dict[str, Any]:
 
 
 def equivalent_ffn(r: Mapping[str, Any]) -> int:
-    """Two-matrix MLP width with the GEMM FLOPs and parameters of GQA attention + a gated (SwiGLU) MLP."""
+    """Two-matrix MLP width with the GEMM FLOPs and parameters of GQA attention + the row's MLP: a gated
+    (SwiGLU) one of width ``gated_ffn``, or a two-matrix one (e.g. squared ReLU) of width ``ffn``."""
     h, heads = r["hidden"], r["heads"]
-    if "gated_ffn" not in r:
+    if "gated_ffn" in r and "ffn" in r:
+        raise ValueError(f"corpus row {r['id']}: give gated_ffn or ffn, not both")
+    if "gated_ffn" not in r and "ffn" not in r:
         return 0
     kv = r.get("kv_heads", heads) * (h // heads)
-    num = 3 * r["gated_ffn"] + 2 * kv - 2 * h
+    num = 3 * r["gated_ffn"] + 2 * kv - 2 * h if "gated_ffn" in r else 2 * r["ffn"] + 2 * kv - 2 * h
     if num % 2:
-        raise ValueError(f"corpus row {r['id']}: gated_ffn gives a non-integer equivalent width")
+        raise ValueError(f"corpus row {r['id']}: the MLP width gives a non-integer equivalent width")
     return num // 2
 
 
@@ -84,16 +87,17 @@ def row_planner_dict(r: Mapping[str, Any], eff: Efficiency) -> dict[str, Any]:
         "parallel": {"pp": pp, "dp": gpus // (tp * pp)},
         # Rows may state sequence_parallel and tp_comm_overlap (Megatron --tp-comm-overlap); unstated: SP with
         # selective recompute only (Korthikanti et al.'s pairing), no TP overlap.
-        "tensor_parallel": {"size": tp, "sequence_parallel": r.get("sequence_parallel", sel and tp > 1),
+        "tensor_parallel": {"size": tp, "sequence_parallel": r.get("sequence_parallel", sel) and tp > 1,
                             "comm_overlap": r.get("tp_comm_overlap", False)},
         "batch": {"global_batch": r["gbs"], "micro_batch_size": r["mbs"]},
         "pipeline": pipeline,
         "recompute": recompute,
-        # Megatron's default bucket: 40M parameters, in MB of fp32 main gradients (trainer.knobs unit).
+        # Megatron's default bucket: 40M parameters, in MB of gradients in their reduction dtype (trainer.knobs unit).
         "data_parallel": {"kind": "replicate", "overlap_grad_reduce": r.get("overlap_grad", False),
-                          "bucket_mb": 40.0 * 4},
+                          "bucket_mb": 40.0 * (2 if r.get("grad_dtype") == "bf16" else 4)},
         "optimizer": {"distributed": r.get("dist_opt", False),
-                      "overlap_param_gather": r.get("overlap_param", False)},
+                      "overlap_param_gather": r.get("overlap_param", False),
+                      "grad_reduce_dtype": r.get("grad_dtype", "fp32")},
     }
 
 
