@@ -5,7 +5,7 @@ sweep summary, ``export`` and the replay (bench/replay.py): the winner is the co
 while any of the ``top_k`` lowest medians has an interval overlapping the leader's, each of those configs
 and the leader with fewer than ``min_runs`` runs needs one more run, up to ``max_repeats`` extra runs in all.
 A config's interval is [min, max] of its runs; with one run, the run widened by the typical spread
-((max - min) / median) of the configs with several, or ``DEFAULT_SPREAD``.
+((max - min) / median) of the configs with several, or by ``single_run_spread`` before any has several.
 """
 
 from __future__ import annotations
@@ -16,10 +16,6 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from orchestrator.record import Kind, Status, TrialRecord
-
-DEFAULT_SPREAD = 0.15
-"""Relative spread assumed before any config has two runs (a 2-rank CPU trial re-measured: 41.6 -> 47.5 ms)."""
-
 
 @dataclass(frozen=True)
 class WinnerRule:
@@ -32,12 +28,19 @@ class WinnerRule:
     max_repeats: int = 8
     """Most re-measurements a sweep runs after its search (a ``repeat`` line each); 0: none, and the summary
     names the trials left unsettled. The model backend never re-measures: a prediction repeats exactly."""
+    single_run_spread: float = 0.15
+    """Relative spread ((max - min) / median) assumed for a config measured once, until some config has several
+    runs (then their median spread is used). 0.15: a 2-rank CPU trial re-measured went 41.6 -> 47.5 ms; a quiet
+    GPU cluster's runs differ by a few percent."""
 
     def __post_init__(self) -> None:
         for name, low in (("top_k", 1), ("min_runs", 1), ("max_repeats", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ValueError(f"winner.{name}={v!r}: a whole number >= {low}")
+        if isinstance(self.single_run_spread, bool) or not isinstance(self.single_run_spread, (int, float)) \
+                or not self.single_run_spread > 0:
+            raise ValueError(f"winner.single_run_spread={self.single_run_spread!r}: a fraction > 0 (0.15 = 15%)")
 
 
 RULE = WinnerRule()
@@ -49,7 +52,7 @@ def to_remeasure(runs: Mapping[str, Sequence[float]], rule: WinnerRule = RULE) -
     if not top:
         return []
     spreads = [(max(v) - min(v)) / statistics.median(v) for v in runs.values() if len(v) > 1]
-    spread = statistics.median(spreads) if spreads else DEFAULT_SPREAD
+    spread = statistics.median(spreads) if spreads else rule.single_run_spread
 
     def interval(k: str) -> tuple[float, float]:
         v = runs[k]

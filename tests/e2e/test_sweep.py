@@ -311,12 +311,13 @@ def test_a_met_target_is_confirmed_and_stops_the_sweep(ray_address, sweep_file):
 
 
 def test_the_winner_is_settled_by_real_re_measurements_of_an_overlapping_top(ray_address, sweep_file):
-    # Three configs that differ only in a bucket size far above the tiny model's gradients (one bucket each):
-    # the same speed, so their single runs overlap and the rule re-runs the top before naming a winner.
+    # Three configs of the tiny model, each run once; with single runs assumed to vary by 200% their intervals
+    # overlap, so the rule re-runs the top (for real, on the warm group) before naming a winner.
     space = {"params": {"data_parallel.bucket_mb": {"type": "categorical", "choices": [0.02, 50.0, 100.0]}}}
     cfg = load_sweep(sweep_file(space=space, baseline={"parallel.pp": 1, "batch.micro_batch_size": 2},
                                 enqueue=[{"data_parallel.bucket_mb": 50.0}, {"data_parallel.bucket_mb": 100.0}]),
-                     ["search.n_trials=3", "winner.max_repeats=4", "winner.min_runs=2"])
+                     ["search.n_trials=3", "winner.max_repeats=4", "winner.min_runs=2",
+                      "winner.single_run_spread=2.0"])
     summary, lines = run_sweep(cfg)
     repeats = [r for r in lines if r.kind == "repeat"]
     assert 1 <= len(repeats) <= 4
