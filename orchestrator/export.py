@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +112,10 @@ def pick(records: list[TrialRecord], trial: int | None, force: bool) -> tuple[Tr
     if not mine:
         have = sorted({r.trial for r in records})
         raise ValueError(f"trial {trial} is not in the ledger (trials: {have})")
-    # A confirmation is the repeat measurement of the same config: prefer it, then the latest line.
-    ranked = sorted(reversed(mine), key=lambda r: (refusal(r) is None, r.kind is Kind.CONFIRM), reverse=True)
+    # A confirmation is the repeat measurement of the same config: prefer it, then the trial's own line (a
+    # winner's re-measurement is one more run of it, not the trial), then the latest line.
+    ranked = sorted(reversed(mine), key=lambda r: (refusal(r) is None, r.kind is Kind.CONFIRM,
+                                                   r.kind is not Kind.REPEAT), reverse=True)
     why = refusal(ranked[0])
     if why and not force:
         raise ValueError(f"refusing to export: {why}. Use --force to export it anyway")
@@ -160,7 +163,9 @@ def export_trial(ledger_path: Path, trial: int | None, out_dir: Path, force: boo
     args_file.write_text(format_args(args))
     summary = out_dir / "summary.md"
     run_id = mlflow_run_of(ledger_path, record)
-    summary.write_text(summary_markdown(record, baseline, config, run, notes, forced, ledger_path, run_id))
+    by_config, first = winner.ledger_runs(records)
+    runs = next((v for k, v in by_config.items() if first[k] == record.trial), None)
+    summary.write_text(summary_markdown(record, baseline, config, run, notes, forced, ledger_path, run_id, runs))
     return [config_file, args_file, summary]
 
 
@@ -219,7 +224,7 @@ def _phase(r: TrialRecord, phase: str) -> float | None:
 
 def summary_markdown(record: TrialRecord, baseline: TrialRecord | None, config: dict[str, Any],
                      run: list[str], notes: list[str], forced: str | None, ledger_path: Path,
-                     run_id: str | None = None) -> str:
+                     run_id: str | None = None, runs: list[float] | None = None) -> str:
     predicted = record.predicted
     what = "predicted" if predicted else "measured"
     lines = [f"# steptune export: sweep `{record.sweep}`, trial {record.trial} ({record.kind.value})", ""]
@@ -244,6 +249,9 @@ def summary_markdown(record: TrialRecord, baseline: TrialRecord | None, config: 
         f"- status: {record.status.value}; backend: {record.backend} ({what})",
         f"- loss parity vs baseline: {verdict}",
         f"- meets target: {_yes_no(record.meets_target)}",
+        *([f"- runs of this config: {len(runs)}, median {statistics.median(runs) * 1e3:.1f} ms "
+           f"[{min(runs) * 1e3:.1f}, {max(runs) * 1e3:.1f}] (the noise-aware winner ranks by the median; the table "
+           f"below is this line's run)"] if runs and len(runs) > 1 else []),
         f"- MLflow run: `{run_id}`" if run_id else
         f"- MLflow run: not found in the sweep's store; in the UI filter on "
         f"`tags.\"steptune.trial\" = '{record.trial}'`",

@@ -502,3 +502,20 @@ def test_saved_sweep_is_read_through_the_sweep_loader(tmp_path):
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({**saved, "confirm": {"repeats": -1}}))
     with pytest.raises(ValueError, match=r"sweep.yaml: confirm.repeats=-1 is out of range"):
         load_saved_sweep(tmp_path)
+
+
+def test_the_winner_is_the_lowest_median_and_its_trial_line_is_exported(tmp_path, monkeypatch):
+    monkeypatch.setattr(export, "mlflow_run_of", lambda path, r: None)
+
+    def repeat(trial, n, step_time):
+        return dataclasses.replace(_record(trial, "trial", step_time), kind=Kind.REPEAT, repeat=n)
+
+    # Trial 1's first run was lucky (50 ms); re-measured it is a 90 ms config. Trial 2 is steadily 61 ms.
+    path = _write(tmp_path / "l.jsonl", _record(0, "baseline", 0.100), _record(1, "trial", 0.050),
+                  _record(2, "trial", 0.060), repeat(1, 1, 0.090), repeat(2, 1, 0.061), repeat(1, 2, 0.091),
+                  repeat(2, 2, 0.062))
+    record, _ = pick(read_ledger(path), None, force=False)
+    assert (record.trial, record.kind) == (2, Kind.TRIAL)  # not the fastest single run, nor a repeat line
+    export_trial(path, None, tmp_path / "o")
+    summary = (tmp_path / "o" / "summary.md").read_text()
+    assert "trial 2 (trial)" in summary and "runs of this config: 3, median 61.0 ms [60.0, 62.0]" in summary
