@@ -67,12 +67,15 @@ def test_the_sweep_summary_reports_the_same_rule_from_a_ledger():
     # The canonical reference run shares the baseline's trial number: its time is not the baseline config's.
     recs = [line(0, "canonical", {}, 0.01), line(0, "baseline", {"mbs": 1}, 0.3), line(1, "trial", a, 0.08),
             line(2, "trial", b, 0.09)]
-    w = winner.summary(recs)
+    rule = winner.WinnerRule(min_runs=3)
+    w = winner.summary(recs, rule)
     assert (w["trial"], w["remeasure_trials"]) == (1, [1, 2])  # one run each: cannot be told apart yet
     recs += [line(1, "confirm", a, 0.13), line(1, "confirm", a, 0.12), line(2, "confirm", b, 0.091),
              line(2, "confirm", b, 0.089)]
-    w = winner.summary(recs)
-    assert (w["trial"], w["runs"], w["remeasure_trials"]) == (2, 3, [])  # medians 0.09 vs 0.12, apart
+    w = winner.summary(recs, rule)
+    # medians 0.09 vs 0.12; the intervals still touch, but each config has its min_runs: settled
+    assert (w["trial"], w["runs"], w["remeasure_trials"]) == (2, 3, [])
+    assert winner.summary(recs)["remeasure_trials"] == [2, 1]  # the default rule (4 runs) asks for one more each
     assert "trial 2" in winner.summary_text(w)
 
 

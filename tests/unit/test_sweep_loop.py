@@ -289,7 +289,7 @@ def scripted(paces: dict[int, list[float]]):
 def test_after_the_search_overlapping_top_configs_are_run_again_until_the_winner_is_settled(config):
     # mbs 4 (trial 1) leads by its first run, 0.55 s against the baseline's 0.60 s: within the assumed 15%
     # spread of one run, so the two overlap; its second run (0.50) separates them and the winner is settled.
-    cfg = config("search.n_trials=3", "winner.max_repeats=5", enqueue=[{"batch.micro_batch_size": 4},
+    cfg = config("search.n_trials=3", "winner.max_repeats=5", "winner.min_runs=3", enqueue=[{"batch.micro_batch_size": 4},
                                                                      {"batch.micro_batch_size": 1}])
     sweep, runner = run_loop(cfg, FakeRunner(scripted({1: [2.0], 2: [0.60], 4: [0.55, 0.50]})))
     repeats = [r for r in sweep.records if r.kind == "repeat"]
@@ -306,7 +306,7 @@ def test_after_the_search_overlapping_top_configs_are_run_again_until_the_winner
 
 
 def test_a_leader_by_one_lucky_run_loses_to_the_better_median(config):
-    cfg = config("search.n_trials=2", "winner.max_repeats=8", enqueue=[{"batch.micro_batch_size": 4}])
+    cfg = config("search.n_trials=2", "winner.max_repeats=8", "winner.min_runs=3", enqueue=[{"batch.micro_batch_size": 4}])
     sweep, _ = run_loop(cfg, FakeRunner(scripted({2: [0.60, 0.58, 0.59], 4: [0.55, 0.70, 0.72]})))
     runs = [(r.trial, r.metrics.step_time_s) for r in sweep.records if r.kind == "repeat"]
     assert sorted(runs) == [(0, 0.58), (0, 0.59), (1, 0.70), (1, 0.72)]  # both to winner.min_runs=3
@@ -317,7 +317,7 @@ def test_a_leader_by_one_lucky_run_loses_to_the_better_median(config):
 
 
 def test_the_repeat_budget_bounds_the_re_measurements_and_the_summary_says_what_is_unsettled(config):
-    cfg = config("search.n_trials=2", "winner.max_repeats=1", enqueue=[{"batch.micro_batch_size": 4}])
+    cfg = config("search.n_trials=2", "winner.max_repeats=1", "winner.min_runs=3", enqueue=[{"batch.micro_batch_size": 4}])
     sweep, _ = run_loop(cfg, FakeRunner(scripted({2: [0.60, 0.58, 0.59], 4: [0.55, 0.70, 0.72]})))
     assert [(r.trial, r.repeat) for r in sweep.records if r.kind == "repeat"] == [(1, 1)]
     from orchestrator import winner
@@ -325,7 +325,7 @@ def test_the_repeat_budget_bounds_the_re_measurements_and_the_summary_says_what_
     w = winner.summary(sweep.records, cfg.winner)
     assert w["remeasure_trials"] and "not settled" in winner.summary_text(w)
     # A resumed sweep with a larger budget goes on from the ledger where this one stopped.
-    more = config("search.n_trials=2", "winner.max_repeats=8", enqueue=[{"batch.micro_batch_size": 4}])
+    more = config("search.n_trials=2", "winner.max_repeats=8", "winner.min_runs=3", enqueue=[{"batch.micro_batch_size": 4}])
     again, runner = run_loop(more, FakeRunner(scripted({2: [0.58, 0.59], 4: [0.72]})))
     assert sorted((r.trial, r.repeat) for r in again.records if r.kind == "repeat") == [(0, 1), (0, 2), (1, 1), (1, 2)]
     assert winner.summary(again.records, more.winner)["trial"] == 0
