@@ -136,9 +136,19 @@ class _Replay:
     suggest_categorical = suggest_int = suggest_float = _get
 
 
-def replay(space: Space, params: Mapping[str, Any], fixed: Mapping[str, Any], split_context: Any) -> dict[str, Any]:
-    """The overrides a set of param values makes (the enqueue: entries), through the space's own suggest."""
-    return suggest(_Replay(params), space, fixed, split_context)[1]
+class SpaceConfigs:
+    """What both ``Configs`` implementations share: params -> overrides through the space's own suggest, and a
+    config's dict (each subclass sets ``fixed`` and ``split_context``)."""
+
+    fixed: Mapping[str, Any]
+    split_context: Any
+
+    def overrides_for(self, space: Space, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The overrides a set of param values makes (the enqueue: entries)."""
+        return suggest(_Replay(params), space, self.fixed, self.split_context)[1]
+
+    def to_dict(self, cfg: Any) -> dict[str, Any]:
+        return cfg.to_dict()
 
 
 def within_budget(status: str, reason: str | None, peak_bytes: float | None,

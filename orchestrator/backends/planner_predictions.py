@@ -13,14 +13,14 @@ import logging
 from typing import Any, Callable, Mapping, Sequence
 
 from orchestrator import planner as pl
-from orchestrator.backends.base import Judgement, RunOutcome, replay, within_budget
+from orchestrator.backends.base import Judgement, RunOutcome, SpaceConfigs, within_budget
 from orchestrator.space import Space, params_for
 from trainer.config import flatten
 
 log = logging.getLogger(__name__)
 
 
-class PlannerConfigs:
+class PlannerConfigs(SpaceConfigs):
     """Planner configs: planner section + baseline params + a trial's params."""
 
     def __init__(self, planner: dict, baseline: dict):
@@ -41,12 +41,6 @@ class PlannerConfigs:
 
     def baseline_params(self, space: Space) -> dict[str, Any]:
         return params_for(space, self.fixed, list(self.baseline.stage_layers))
-
-    def overrides_for(self, space: Space, params: Mapping[str, Any]) -> dict[str, Any]:
-        return replay(space, params, self.fixed, self.split_context)
-
-    def to_dict(self, cfg: Any) -> dict[str, Any]:
-        return cfg.to_dict()
 
     def load(self, d: dict[str, Any]) -> Any:
         return pl.plan_config_from_dict(d)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from orchestrator import parity, trust
-from orchestrator.backends.base import Judgement, RunOutcome, replay, within_budget
+from orchestrator.backends.base import Judgement, RunOutcome, SpaceConfigs, within_budget
 from orchestrator.backends.ray_runner import RayRunner, connect
 from orchestrator.calibration import load_calibration
 from orchestrator.prefilter import SETTINGS, MemoryPrefilter, load_cluster
@@ -21,7 +21,7 @@ from orchestrator.space import Space, params_for
 from trainer.config import TrainConfig, apply_overrides, flatten
 
 
-class TrainerConfigs:
+class TrainerConfigs(SpaceConfigs):
     """Trainer configs: trainer base + baseline overrides + a trial's overrides.
 
     ``parallel.dp`` is always derived: world_size / parallel.pp.
@@ -62,12 +62,6 @@ class TrainerConfigs:
 
     def baseline_params(self, space: Space) -> dict[str, Any]:
         return params_for(space, self.fixed, [len(s) for s in self.baseline.stage_layers()])
-
-    def overrides_for(self, space: Space, params: Mapping[str, Any]) -> dict[str, Any]:
-        return replay(space, params, self.fixed, self.split_context)
-
-    def to_dict(self, cfg: TrainConfig) -> dict[str, Any]:
-        return cfg.to_dict()
 
     def load(self, d: dict[str, Any]) -> TrainConfig:
         return TrainConfig.from_dict(d)

@@ -78,6 +78,9 @@ BAD = [
      "recompute.kind=full, recompute.num_layers=3: recompute.num_layers=3 exceeds the layers of every stage"),
     ({"enqueue": [{"parallel.pp": 1}]}, [], "enqueue[0] parallel.pp=1: no value for batch.micro_batch_size"),
     ({"backend": "model"}, [], "planner: backend: model needs a planner: section"),
+    ({}, ["winner.top_k=0"], "winner.top_k=0: a whole number >= 1"),
+    ({}, ["winner.max_repeats=-1"], "winner.max_repeats=-1: a whole number >= 0"),
+    ({}, ["winner.single_run_spread=0"], "winner.single_run_spread=0.0: a fraction > 0"),
 ]
 
 
