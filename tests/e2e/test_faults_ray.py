@@ -193,9 +193,26 @@ NODE_LOSS_SCRIPT = textwrap.dedent("""
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
     ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
 
+    def running_rank() -> bool:
+        # A rank inside its run: Ray titles the actor's process ray::RankWorker.run while the call lasts. Only
+        # descendants of this process (this script's cluster), never another sweep's ranks on the machine.
+        import os
+        from pathlib import Path
+        for d in Path("/proc").iterdir():
+            try:
+                if d.name.isdigit() and (d / "cmdline").read_bytes().startswith(b"ray::RankWorker.run"):
+                    pid = int(d.name)
+                    while pid > 1 and pid != os.getpid():
+                        pid = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                    if pid == os.getpid():
+                        return True
+            except (OSError, ValueError, IndexError):  # gone meanwhile
+                pass
+        return False
+
     def remove_mid_trial(node, cfg):
-        # Once the first trial (the baseline) is RUNNING in the study, its group is placed and its run starts
-        # within milliseconds; the run lasts seconds (run.steps), so the removal lands inside it.
+        # Once the first trial (the baseline) is RUNNING in the study and a rank is inside its run, the node
+        # goes: the run lasts a few seconds (80 steps), so the removal lands inside it.
         # Read-only sqlite: opening the study through Optuna while the driver creates the schema would race
         # it for the tables ("table alembic_version already exists").
         import sqlite3
@@ -204,11 +221,12 @@ NODE_LOSS_SCRIPT = textwrap.dedent("""
             try:
                 with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
                     if con.execute("SELECT count(*) FROM trials WHERE state = 'RUNNING'").fetchone()[0]:
-                        break
+                        if running_rank():
+                            break
             except sqlite3.Error:  # not created yet
                 pass
-            time.sleep(0.1)
-        time.sleep(1.0)
+            time.sleep(0.05)
+        time.sleep(0.3)
         cluster.remove_node(node)
 
     for name, cpus, overrides in (("requeue", 1, ["resources.cpus_per_rank=1", "search.n_trials=1"]),
@@ -216,7 +234,7 @@ NODE_LOSS_SCRIPT = textwrap.dedent("""
         node = cluster.add_node(num_cpus=cpus)
         cluster.wait_for_nodes()
         cfg = load_sweep(path, [f"name={name}", "resources.placement=SPREAD",
-                                "trainer.run.steps=600", "resources.trial_timeout_s=300", *overrides])
+                                "trainer.run.steps=80", "resources.trial_timeout_s=300", *overrides])
         said = []
         threading.Thread(target=remove_mid_trial, args=(node, cfg), daemon=True).start()
         t0 = time.time()

@@ -178,7 +178,7 @@ def test_failing_trials_are_recorded_and_the_sweep_goes_on(ray_address, sweep_fi
     }}
     path = sweep_file(space=space, baseline={"parallel.pp": 2, "batch.micro_batch_size": 2},
                       enqueue=[{"parallel.pp": 1, "batch.micro_batch_size": 4, "run.device": "cuda"}],
-                      resources={"world_size": 2, "cpus_per_rank": 1, "trial_timeout_s": 15})
+                      resources={"world_size": 2, "cpus_per_rank": 1, "trial_timeout_s": 6})  # a run here is ~1 s
     cfg = load_sweep(path, ["search.n_trials=7", "sampler.kind=random", "trainer.run.steps=30"])
     ledger = Ledger(cfg.results_dir / "trials.jsonl")
     hit: list[int] = []

@@ -11,7 +11,6 @@ import asyncio
 import base64
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -23,11 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.tracking import Tracker, tracking_uri_for
-
 sys.path.insert(0, str(Path(__file__).parent))
 from test_tracking_resume import _ledger  # noqa: E402  (a baseline, trials, a failed one, two confirms)
-from test_tracking_server import _free_port  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
@@ -93,37 +89,15 @@ async def _browse(script) -> None:
 
 
 @pytest.fixture
-def ui(tmp_path):
-    results = tmp_path / "results"
-    tracker = Tracker(tracking_uri_for(results), "steptune")
+def ui(mlflow_ui):
+    """The served store (tests/e2e/conftest.py) with the sweep "browsed": a baseline, trials, a failed one."""
+    base, tracker = mlflow_ui
     parent = tracker.start_sweep("browsed", {"search": {"n_trials": 5}}, 0.06)
     for line in _ledger("browsed"):
         tracker.log_trial(parent, line)
     tracker.log_best(parent, _ledger("browsed")[4])
     tracker.finish_sweep(parent, {"n_trials": 5, "stopped_because": "trial 4 met the target"}, None, "table")
-    cmd = shlex.split(tracker.ui_command())
-    cmd[0] = str(Path(sys.executable).with_name("mlflow"))
-    port = _free_port()
-    proc = subprocess.Popen(cmd + ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(base + "/health", timeout=1).read()
-                break
-            except OSError:
-                assert proc.poll() is None and time.time() < deadline, "mlflow ui did not start"
-                time.sleep(0.25)
-        yield base, tracker, parent
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group: it and its workers
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+    return base, tracker, parent
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine (apt-get install chromium)")

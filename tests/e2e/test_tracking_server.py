@@ -3,30 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-import shlex
-import signal
-import socket
-import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from orchestrator.tracking import Tracker, tracking_uri_for
-
 sys.path.insert(0, str(Path(__file__).parent))
 from test_tracking import make_record  # noqa: E402  (same synthetic ledger lines as the store test)
 
 pytestmark = pytest.mark.e2e
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _call(base: str, path: str, body: dict | None = None) -> dict:
@@ -37,40 +23,14 @@ def _call(base: str, path: str, body: dict | None = None) -> dict:
 
 
 @pytest.fixture
-def server(tmp_path):
-    results = tmp_path / "results"
-    tracker = Tracker(tracking_uri_for(results), "steptune")
+def server(mlflow_ui):
+    """The served store (tests/e2e/conftest.py) with one sweep, "served": a parent and two children."""
+    base, tracker = mlflow_ui
     parent = tracker.start_sweep("served", {"search": {"n_trials": 2}}, 0.06)
     children = [tracker.log_trial(parent, make_record(0, "baseline", 0.1, sweep="served")),
                 tracker.log_trial(parent, make_record(1, "trial", 0.05, sweep="served", parallel__dp=2))]
     tracker.finish_sweep(parent, {"n_trials": 2}, None, "table")
-
-    cmd = shlex.split(tracker.ui_command())
-    assert cmd[:2] == ["mlflow", "ui"]
-    cmd[0] = str(Path(sys.executable).with_name("mlflow"))  # the venv's mlflow, whatever PATH says
-    port = _free_port()
-    # One worker: the default four take ~20 s to start on a 2-core machine.
-    proc = subprocess.Popen(cmd + ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120  # ~6 s on an idle 2-core machine; generous under load
-        while True:
-            try:
-                urllib.request.urlopen(base + "/health", timeout=1).read()
-                break
-            except OSError:
-                assert proc.poll() is None, f"mlflow ui exited with {proc.returncode}"
-                assert time.time() < deadline, "mlflow ui did not answer within 120 s"
-                time.sleep(0.25)
-        yield base, tracker.experiment_id, parent, children
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group: it and its workers
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+    return base, tracker.experiment_id, parent, children
 
 
 def test_runs_read_back_through_rest(server):
