@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from trainer.knobs import BalancedSplit, FirstLastSplit, FsdpDP
+from trainer.knobs import BalancedSplit, FirstLastSplit, FsdpDP, ReplicateDP
 
 from .config import PlanConfig, rank_layers
 from .knobs import RC_CODE, SCHED_CODE, Consts, Knobs
@@ -152,8 +152,9 @@ _ENCODE = {
     "recompute.num_layers": lambda x: 0 if x is None else x,
     "recompute.modules": lambda x: sum(_MODULE_BITS.get(m, 8) for m in (x or ("core_attn",))),
     "data_parallel.kind": lambda x: {"replicate": 0, "torch_ddp": 1, "fsdp": 2}.get(x, -1),
-    "data_parallel.overlap_grad_reduce": bool,
-    "data_parallel.bucket_mb": lambda x: -1.0 if x is None else float(x),
+    # A base without them (fsdp) switched to replicate gets ReplicateDP's defaults, as apply_params builds it.
+    "data_parallel.overlap_grad_reduce": lambda x: ReplicateDP.overlap_grad_reduce if x is None else bool(x),
+    "data_parallel.bucket_mb": lambda x: ReplicateDP.bucket_mb if x is None else float(x),
     "data_parallel.reshard_after_forward": lambda x: FsdpDP.reshard_after_forward if x is None else bool(x),
     "data_parallel.prefetch": lambda x: FsdpDP.prefetch if x is None else x,
     "optimizer.overlap_param_gather": bool,
