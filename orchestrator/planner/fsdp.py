@@ -61,6 +61,8 @@ def gathered_blocks(K: Knobs) -> np.ndarray:
 
 def buffer_bytes(C: Consts, K: Knobs) -> np.ndarray:
     """FSDP's unsharded buffers per stage (n, pp), bytes; zero for configs that do not run FSDP."""
+    if not K.fsdp.any():  # the enumerator's usual case: keep it at full speed
+        return np.zeros(K.layers.shape)
     col = lambda x: x[:, None]  # noqa: E731
     weight_bytes, grad_bytes = state_bytes(C, K)
     p = block_params(C)

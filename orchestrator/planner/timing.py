@@ -138,16 +138,14 @@ def stage_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     selective = (K.rc == 1)[:, None]
     rec_comp = n_rec * col(lc["f_comp"]) + np.where(selective, Lk * col(lc["sel_comp"]), 0.0)
     rec_tp = n_rec * col(lc["f_tp"]) + np.where(selective, Lk * col(lc["sel_tp"]), 0.0)
-    f_comp = Lk * col(lc["f_comp"]) + last * col(lc["lm_f"])
-    b_comp = Lk * col(lc["b_comp"]) + last * 2.0 * col(lc["lm_f"])
+    head_f = last * col(lc["lm_f"])
+    f_comp = Lk * col(lc["f_comp"]) + head_f
+    b_comp = Lk * col(lc["b_comp"]) + 2.0 * head_f
     f_tp = Lk * col(lc["f_tp"])
     b_tp = Lk * col(lc["b_tp"])
-    # One block's forward and backward (its share of the stage's recompute): what FSDP's collectives run under.
-    f_block = np.broadcast_to(col(lc["f_comp"] + lc["f_tp"]), Lk.shape)
-    b_block = col(lc["b_comp"] + lc["b_tp"]) + (rec_comp + rec_tp) / np.maximum(Lk, 1.0)
     return {"f_comp": f_comp, "b_comp": b_comp, "rec_comp": rec_comp, "f_tp": f_tp, "b_tp": b_tp,
             "rec_tp": rec_tp, "F": f_comp + f_tp, "B": b_comp + b_tp + rec_comp + rec_tp, "p2p": lc["p2p"],
-            "f_block": f_block, "b_block": b_block}
+            "head_f": head_f}
 
 
 def dp_bus_bandwidth(C: Consts) -> float:
@@ -183,10 +181,12 @@ def dp_times(C: Consts, K: Knobs, F: np.ndarray, B: np.ndarray) -> dict[str, np.
     elems = col(K.bucket_mb) * 1e6 / col(grad_bytes)
     nb = np.maximum(1.0, np.ceil(P / elems))
     grad_bucket = P * col(grad_bytes) / nb
-    dist, bucketed = col(K.dist), col(~K.fsdp)  # FSDP's own collectives are fsdp.py's
-    c_rs = bucketed * np.where(dist, reduce_scatter_time(C.d, grad_bucket, bus, C.lat_dp),
-                               all_reduce_time(C.d, grad_bucket, bus, C.lat_dp))
-    c_ag = bucketed * np.where(dist, all_gather_time(C.d, P * weight_bytes / nb, bus, C.lat_dp), 0.0)
+    dist = col(K.dist)
+    c_rs = np.where(dist, reduce_scatter_time(C.d, grad_bucket, bus, C.lat_dp),
+                    all_reduce_time(C.d, grad_bucket, bus, C.lat_dp))
+    c_ag = np.where(dist, all_gather_time(C.d, P * weight_bytes / nb, bus, C.lat_dp), 0.0)
+    if K.fsdp.any():  # FSDP's own collectives are fsdp.py's
+        c_rs, c_ag = c_rs * col(~K.fsdp), c_ag * col(~K.fsdp)
     slack_b, slack_f = drain_slack(B, K), drain_slack(F, K)
     rs_tail = np.where(col(K.ogr), bucket_tail(c_rs, nb, B), nb * c_rs)
     ag_tail = np.where(col(K.opg), bucket_tail(c_ag, nb, F), nb * c_ag)
@@ -214,7 +214,11 @@ def fsdp_exposed(C: Consts, K: Knobs, st: dict[str, np.ndarray]) -> tuple[np.nda
     zero = np.zeros(K.n)
     if C.d <= 1 or not K.fsdp.any():
         return zero, zero
-    fs = fsdp_times(C, K, st["f_block"], st["b_block"], dp_bus_bandwidth(C))
+    # One block's forward and backward (with TP and its share of the recompute): what the collectives run under.
+    Lk = np.maximum(K.layers, 1).astype(float)
+    f_block = (st["F"] - st["head_f"]) / Lk
+    b_block = (st["B"] - 2.0 * st["head_f"]) / Lk
+    fs = fsdp_times(C, K, f_block, b_block, dp_bus_bandwidth(C))
     S = st["F"] + st["B"]
     stalled = pipeline_time(S + fs["stall"], K) - pipeline_time(S, K)
     end = exposed_after_slack(fs["sync_extra"] + fs["tail"], drain_slack(st["B"], K)).max(axis=1)
