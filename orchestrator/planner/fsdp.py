@@ -97,8 +97,9 @@ def fsdp_times(C: Consts, K: Knobs, f: np.ndarray, b: np.ndarray, bus: float) ->
     p, R = block_params(C), root_params(C, K)
     g = all_gather_time(C.d, weight_bytes * p, bus, C.lat_dp)
     r = col(reduce_scatter_time(C.d, grad_bytes * p, bus, C.lat_dp))
-    g0 = all_gather_time(C.d, weight_bytes * R, bus, C.lat_dp)
-    r0 = reduce_scatter_time(C.d, col(grad_bytes) * R, bus, C.lat_dp)
+    # A stage without embedding or head (a middle pipeline stage) has an empty root: no collective at all.
+    g0 = np.where(R > 0, all_gather_time(C.d, weight_bytes * R, bus, C.lat_dp), 0.0)
+    r0 = np.where(R > 0, reduce_scatter_time(C.d, col(grad_bytes) * R, bus, C.lat_dp), 0.0)
     g_bwd = np.where(col(K.raf), g, 0.0)
     # Interleaved: a microbatch passes each of the stage's v chunks (layers / v blocks) once.
     L, v = K.layers, col(K.v).astype(float)
