@@ -22,7 +22,7 @@ each pipeline rank. All are sharded over dp; in this module ``p`` is one block's
 
   - forward: the first gather is exposed; block i's gather runs under block i-1's forward ``f``:
     exposed ``max(0, g - f)``. ``prefetch`` 0 is FSDP2's implicit one-ahead (gathers on their own stream,
-    issued as the CPU runs ahead of the GPU, which the planner assumes for every kernel it prices);
+    issued as the CPU runs ahead of the GPU, which the planner assumes throughout: it prices GPU time);
     deeper prefetch issues earlier but the collectives still run one after another, so with equal blocks
     it hides nothing more (it costs memory);
   - backward: the first block's gather is exposed; under block i's backward ``b`` run the gather of block

@@ -202,10 +202,14 @@ def drain_slack(X: np.ndarray, K: Knobs) -> np.ndarray:
     return np.concatenate([zero, np.cumsum(X, axis=1)[:, :-1]], axis=1) / K.v[:, None].astype(float)
 
 
+def pipeline_bubble(S: np.ndarray, K: Knobs) -> np.ndarray:
+    """Fill and drain, (sum_s S_s - S_max) / v, for per-microbatch stage times S (n, pp)."""
+    return (S.sum(axis=1) - S.max(axis=1)) / K.v
+
+
 def pipeline_time(S: np.ndarray, K: Knobs) -> np.ndarray:
-    """m * S_max + (sum_s S_s - S_max) / v for per-microbatch stage times S (n, pp)."""
-    s_max = S.max(axis=1)
-    return K.m * s_max + (S.sum(axis=1) - s_max) / K.v
+    """m * S_max + the bubble: the pipeline's time for per-microbatch stage times S (n, pp)."""
+    return K.m * S.max(axis=1) + pipeline_bubble(S, K)
 
 
 def fsdp_exposed(C: Consts, K: Knobs, st: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -234,8 +238,7 @@ def step_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     at = lambda x: x[rows, crit]  # noqa: E731
     m = K.m.astype(float)
     v = K.v.astype(float)
-    s_max = S[rows, crit]
-    bubble = (S.sum(axis=1) - s_max) / v
+    bubble = pipeline_bubble(S, K)
     n_p2p = np.where(C.p > 1, 2.0 * (m * v + C.p - 1), 0.0)
     p2p = n_p2p * st["p2p"]
     dp = dp_times(C, K, st["F"], st["B"])

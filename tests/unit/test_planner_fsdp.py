@@ -12,13 +12,12 @@ import numpy as np
 import pytest
 
 from orchestrator.__main__ import main
-from orchestrator.planner import (BatchConfig, ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig, PlanConfig,
-                                  ReplicateDP, TensorParallel, apply_params, enumerate_space, predict)
+from orchestrator.planner import (BatchConfig, ClusterSpec, Efficiency, FsdpDP, JobSpec, ModelSpec, ParallelConfig,
+                                  PlanConfig, ReplicateDP, TensorParallel, apply_params, enumerate_space, predict)
 from orchestrator.planner.config import OptimizerSharding
 from orchestrator.planner.fsdp import pass_exposed
 from orchestrator.planner.knobs import Consts, encode
 from orchestrator.planner.memory import stage_memory
-from trainer.knobs import FsdpDP
 
 PRESET = Path(__file__).resolve().parents[2] / "search_spaces" / "preset-500b.yaml"
 
