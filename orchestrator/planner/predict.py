@@ -31,7 +31,8 @@ class Prediction:
     recompute_s: float
     """Forward work repeated for activation recomputation on the slowest stage."""
     dp_exposed_s: float
-    """Data-parallel communication left on the critical path after overlap."""
+    """Data-parallel communication left on the critical path after overlap (with FSDP: everything its
+    per-block gathers and reduce-scatters add to the update, fill and drain included)."""
     dp_total_s: float
     """All data-parallel communication of the busiest stage, hidden or not."""
     pp_bubble_s: float
