@@ -7,7 +7,7 @@
 3. Every row: published vs predicted step time, with the prediction band.
 4. Goal figures (held-out median / worst, leave-one-source-out worst), met or not.
 5. Leave one source out. 6. A transcription cross-check. 7. Memory: what ran in 80 GB.
-8. Which rows, as transcribed, would not fit in their GPU's memory (a diagnostic).
+8. Which rows, as transcribed, would not fit in their GPU's memory (a diagnostic), and the FSDP rows' memory.
 """
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ def memory_section(lines: list[str]) -> None:
 
 
 FEASIBILITY_WHY = {
-    "TT": "the planner models FSDP2 as the distributed optimizer (ZeRO-1); FSDP also shards the parameters and "
-          "gradients, which it does not model",
+    "TT": "FSDP2 as transcribed (orchestrator/planner/fsdp.py: state sharded 18/d, gathered blocks, one reduce-scatter "
+          "buffer): the assumed recompute or sequence length, or the activation model",
     "L3": "the source does not state recompute, virtual stages or sequence parallelism; the transcription's "
           "ASSUMPTIONS (none, 1, off) cannot be what ran",
 }
@@ -153,6 +153,25 @@ def feasibility_section(lines: list[str]) -> None:
     rest = np.abs([e for r, e in held if r.id not in out]) * 100
     lines += ["", f"Held-out rows that do fit ({len(rest)} of {len(held)}): median abs error {np.median(rest):.1f}%, "
               f"worst {rest.max():.1f}% (diagnostic).", ""]
+    fsdp_memory(lines, rows, fits)
+
+
+def fsdp_memory(lines: list[str], rows, fits) -> None:
+    """The rows that ran FSDP: where their predicted peak comes from (orchestrator/planner/fsdp.py)."""
+    lines += ["Rows that ran FSDP (transcribed as data_parallel.kind fsdp; docs/planner.md, FSDP): predicted memory "
+              "per GPU by part, GB.", "",
+              "| row | params | grads | optimizer | activations | FSDP buffers | reserved | peak | HBM |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if "fsdp" not in r.raw or r.split == "not_modelled":
+            continue
+        cfg = r.config(fidelity.transferred_efficiency(fits, r.gpu))
+        p = predict(cfg)
+        m = p.memory_per_stage[0]
+        cells = " | ".join(f"{m[k] / 1e9:.1f}" for k in ("params", "grads", "optimizer", "activations", "fsdp_buffers",
+                                                          "reserved"))
+        lines.append(f"| {r.id} | {cells} | {p.peak_memory_bytes / 1e9:.1f} | {cfg.cluster.hbm_gb:.0f} |")
+    lines.append("")
 
 
 def main() -> None:

@@ -35,6 +35,11 @@ fit (mem_reserved_gb). gemm_tokens_half trades off against matmul_eff unless the
 microbatch size widely; add it with ``fit=``."""
 
 
+FSDP_NOT_FITTED = ("data_parallel.kind=fsdp at dp > 1: the trainer times FSDP's all-gathers and reduce-scatters "
+                   "inside its forward and backward phases, which the planner prices apart (dp_exposed_s); not fitted")
+"""Why a measured FSDP trial is left out of a calibration."""
+
+
 @dataclass(frozen=True)
 class LedgerCalibration(Calibration):
     """A planner ``Calibration`` plus where its records came from and which lines were left out."""
@@ -62,9 +67,13 @@ def ledger_records(lines: Sequence[TrialRecord], cluster: ClusterSpec, efficienc
             continue
         trial = line.trial
         try:
-            plan = plan_for_trial(TrainConfig.from_dict(line.config), cluster, efficiency)
+            train_cfg = TrainConfig.from_dict(line.config)
+            plan = plan_for_trial(train_cfg, cluster, efficiency)
         except ValueError as e:
             skipped.append((trial, str(e)))
+            continue
+        if train_cfg.data_parallel.kind == "fsdp" and train_cfg.parallel.dp > 1:
+            skipped.append((trial, FSDP_NOT_FITTED))
             continue
         measured = {k: v for k, v in _measured(line.result).items() if k in metrics}
         # With nothing to reduce or no pipeline the planner predicts exactly 0 for these, while the trainer

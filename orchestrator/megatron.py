@@ -328,7 +328,8 @@ def _plan_data_parallel(get, add, notes: list[str]) -> None:
         notes.append(f"converted: data_parallel.bucket_mb={float(mb):g} -> --ddp-bucket-size {n} parameters "
                      f"({float(mb):g} x 10^6 bytes / {per} bytes per {dtype} gradient element)")
     if kind == "fsdp":
-        notes.append("differs: data_parallel.kind=fsdp is predicted only at dp = 1 (nothing to shard)")
+        notes.append("differs: data_parallel.kind=fsdp (FSDP2 per block, predicted by the planner's FSDP model) has "
+                     "no flags here: Megatron FSDP (--use-megatron-fsdp) is not emitted")
 
 
 def _fmt(v: object) -> str:

@@ -141,15 +141,23 @@ _PARTS = (("forward", "forward_s"), ("backward", "backward_s"), ("recompute", "r
           ("tp comm", "tp_comm_s"), ("optimizer", "optimizer_s"))
 
 
+def _dp_text(k: Mapping[str, Any]) -> str:
+    if k["data_parallel.kind"] == "fsdp":
+        return (f"fsdp (reshard_after_forward {k['data_parallel.reshard_after_forward']}, "
+                f"prefetch {k['data_parallel.prefetch']})")
+    return (f"overlap grad-reduce {k.get('data_parallel.overlap_grad_reduce', True)}, "
+            f"param-gather {k['optimizer.overlap_param_gather']}")
+
+
 def render(out: Mapping[str, Any]) -> str:
     p, k = out["prediction"], out["knobs"]
     gb = 1e9
+    parts = [n for n in p["memory_per_stage"][0] if n != "total"]
     lines = [f"plan: {out['source']}" + (f" + {' '.join(out['overrides'])}" if out["overrides"] else "")
              + "  (PREDICTED by the planner, not measured)",
              f"layout: tp {k['tensor_parallel.size']} x pp {k['parallel.pp']} x dp {k['parallel.dp']} on {out['num_gpus']} "
              f"GPUs; micro_batch_size {k['batch.micro_batch_size']} ({p['microbatches']} microbatches), "
-             f"{k['pipeline.schedule']}, recompute {k['recompute.kind']}, overlap grad-reduce "
-             f"{k['data_parallel.overlap_grad_reduce']}, param-gather {k['optimizer.overlap_param_gather']}",
+             f"{k['pipeline.schedule']}, recompute {k['recompute.kind']}, {_dp_text(k)}",
              f"efficiency set: {out['efficiency_basis']}" + (f" ({out['efficiency_note']})" if out["efficiency_note"] else ""),
              f"step time: ~{p['step_time_s']:.3f} s per update; band {p['step_time_low_s']:.3f}-"
              f"{p['step_time_high_s']:.3f} s ({p['band_basis']})",
@@ -157,10 +165,9 @@ def render(out: Mapping[str, Any]) -> str:
              + f"; data-parallel traffic before overlap {p['dp_total_s']:.3f}; critical stage {p['critical_stage']}",
              f"throughput: {p['tokens_per_s']:,.0f} tokens/s; MFU {p['mfu']:.1%} of {out['peak_tflops_per_gpu']:g} "
              f"TFLOP/s per GPU ({p['mfu_basis']})",
-             "memory per pipeline stage (GB): params / grads / optimizer / activations / reserved = total"]
+             "memory per pipeline stage (GB): " + " / ".join(n.replace("_", " ") for n in parts) + " = total"]
     for i, m in enumerate(p["memory_per_stage"]):
-        lines.append(f"  stage {i}: {m['params'] / gb:.1f} / {m['grads'] / gb:.1f} / {m['optimizer'] / gb:.1f} / "
-                     f"{m['activations'] / gb:.1f} / {m['reserved'] / gb:.1f} = {m['total'] / gb:.1f}")
+        lines.append(f"  stage {i}: " + " / ".join(f"{m[n] / gb:.1f}" for n in parts) + f" = {m['total'] / gb:.1f}")
     hbm = out["config"]["cluster"]["hbm_gb"]
     lines.append(f"peak {p['peak_memory_bytes'] / gb:.1f} GB of {hbm:g} GB per GPU: "
                  + ("fits" if p["fits_memory"] else "DOES NOT FIT"))

@@ -23,7 +23,7 @@ import yaml
 from orchestrator.planner import ClusterSpec, Efficiency, JobSpec, ModelSpec, PlanConfig
 from orchestrator.planner.config import OptimizerSharding, TensorParallel
 from orchestrator.planner.knobs import Consts, encode
-from orchestrator.planner.memory import stage_memory
+from orchestrator.planner.memory import MEMORY_PARTS, stage_memory
 from orchestrator.planner.parse import plan_config_from_dict
 from orchestrator.record import Status, TrialRecord
 from orchestrator.units import fmt_bytes as _fmt
@@ -58,9 +58,9 @@ def plan_for_trial(train_cfg: Any, cluster: ClusterSpec, efficiency: Efficiency 
     """The planner's view of a trainer config on ``cluster`` (its GPU count becomes the trial's pp x dp).
 
     The knob sections (batch, parallel, pipeline, recompute, data_parallel) are the trainer's own objects,
-    passed through: they mean the same to both. What the planner cannot represent (FSDP with dp > 1, a
-    rank holding model chunks of unequal size) raises ValueError naming the field; ``mapping_notes`` lists
-    the approximations made for everything else.
+    passed through: they mean the same to both. What the planner cannot represent (a rank holding model
+    chunks of unequal size) raises ValueError naming the field; ``mapping_notes`` lists the approximations
+    made for everything else.
     """
     m, par = train_cfg.model, train_cfg.parallel
     model = ModelSpec(num_layers=m.n_layers, hidden_size=m.d_model, num_heads=m.n_heads, ffn_hidden_size=m.ffn_dim,
@@ -93,6 +93,9 @@ def mapping_notes(train_cfg: Any) -> list[str]:
                      "gradient buckets (one more gradient copy) are not counted, as the CPU measurement does not")
     if isinstance(dpc, FsdpDP) and par.dp == 1:
         notes.append("data_parallel.kind=fsdp with dp=1 shards nothing: modelled as replicated")
+    if isinstance(dpc, FsdpDP) and par.dp > 1:
+        notes.append("data_parallel.kind=fsdp: the prediction adds FSDP's unsharded buffers (gathered blocks, the "
+                     "reduce-scatter input, accumulated gradients), which the CPU measurement does not count")
     if par.pp == 1 and train_cfg.pipeline.schedule != "1f1b":
         notes.append(f"pipeline.schedule={train_cfg.pipeline.schedule} has no effect with pp=1 (gradient "
                      f"accumulation, one microbatch in flight)")
@@ -111,7 +114,7 @@ class Verdict:
     budget_bytes: float | None = None
     stage: int | None = None
     parts: dict[str, float] | None = None
-    """Bytes of the peak stage by kind: params, grads, optimizer, activations, reserved."""
+    """Bytes of the peak stage by kind: params, grads, optimizer, activations, fsdp_buffers, reserved."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -149,7 +152,7 @@ class MemoryPrefilter:
         mem = stage_memory(Consts.of(plan), encode([plan]))
         stage = int(mem["peak_stage"][0])
         peak = float(mem["peak"][0])
-        parts = {k: float(mem[k][0, stage]) for k in ("params", "grads", "optimizer", "activations", "reserved")}
+        parts = {k: float(mem[k][0, stage]) for k in MEMORY_PARTS}
         detail = ", ".join(f"{k} {_fmt(v)}" for k, v in parts.items() if v)
         where = f"pipeline stage {stage}" if plan.parallel.pp > 1 else "each rank"
         limit = self.budget_bytes * (1.0 + self.margin)

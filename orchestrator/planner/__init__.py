@@ -8,7 +8,7 @@ every formula and its source.
 
 from .calibrate import Calibration, calibrate
 from .cluster import ClusterSpec, Efficiency, JobSpec, ModelSpec
-from trainer.knobs import (BalancedSplit, BatchConfig, FirstLastSplit, FullRecompute, NoRecompute,
+from trainer.knobs import (BalancedSplit, BatchConfig, FirstLastSplit, FsdpDP, FullRecompute, NoRecompute,
                            ParallelConfig, PipelineConfig, ReplicateDP, SelectiveRecompute, TorchDDP)
 
 from .config import OptimizerSharding, PlanConfig, TensorParallel
@@ -20,7 +20,7 @@ from .predict import Prediction, predict
 
 __all__ = [
     "BalancedSplit", "BatchConfig", "Calibration", "ClusterSpec", "Efficiency", "OptimizerSharding",
-    "ReplicateDP", "TensorParallel", "TorchDDP",
+    "FsdpDP", "ReplicateDP", "TensorParallel", "TorchDDP",
     "FirstLastSplit", "FullRecompute", "JobSpec", "KNOBS", "ModelSpec", "NoRecompute", "ParallelConfig",
     "PipelineConfig", "PlanConfig", "Prediction", "SelectiveRecompute", "apply_params", "calibrate",
     "enumerate_space", "knob_values", "layer_split_context", "plan_config_from_dict", "plan_config_to_dict", "predict", "predicts_oom",

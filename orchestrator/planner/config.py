@@ -2,6 +2,7 @@
 
 The planner's own sections are the fixed context (cluster, model, job, efficiency; ``cluster.py``) and the
 knobs the trainer does not implement: tensor/sequence parallelism and Megatron's distributed optimizer.
+``data_parallel.kind: fsdp`` at dp > 1 is predicted as FSDP2 runs it (``fsdp.py``).
 Every knob section is the trainer's class itself, so a knob means the same thing (and has the same unit)
 in a trainer config, a planner preset, the pre-filter and the export. Errors are ValueErrors naming the
 dotted field (``parallel.dp: ...``); the builder puts ``planner.`` in front for a preset.
@@ -53,7 +54,8 @@ class OptimizerSharding:
 
     distributed: bool = True
     """Shard optimizer state over dp (ZeRO-1, Megatron --use-distributed-optimizer): reduce-scatter gradients,
-    all-gather parameters. Off: all-reduce gradients, full optimizer state on every replica."""
+    all-gather parameters. Off: all-reduce gradients, full optimizer state on every replica. With
+    data_parallel.kind fsdp at dp > 1 the state is sharded with its parameters either way."""
     overlap_param_gather: bool = False
     """Gather updated parameter buckets under the next step's forward (needs distributed)."""
     grad_reduce_dtype: str = "fp32"
@@ -98,9 +100,10 @@ class PlanConfig:
             raise ValueError(f"batch.micro_batch_size: global batch {self.batch.global_batch} is not divisible "
                              f"by micro_batch_size*dp = {self.batch.micro_batch_size}*{par.dp}; the global "
                              f"batch is fixed, so pick a micro_batch_size dividing {self.batch.global_batch / par.dp:g}")
-        if isinstance(self.data_parallel, FsdpDP) and par.dp > 1:
-            raise ValueError("data_parallel.kind: fsdp is not predicted: the planner models replicated parameters "
-                             "and gradients (optimizer.distributed shards only optimizer state)")
+        if isinstance(self.data_parallel, FsdpDP) and par.dp > 1 and self.optimizer.overlap_param_gather:
+            raise ValueError("optimizer.overlap_param_gather: Megatron's distributed-optimizer gather does not apply "
+                             "to data_parallel.kind fsdp, which gathers each block's parameters before its use "
+                             "(prefetch and overlap: data_parallel.prefetch); set it to false")
         layout.check_schedule(self.pipeline.schedule, par.pp, self.pipeline.virtual_stages, self.microbatches)
         rank_layers(model.num_layers, par.pp, self.pipeline.virtual_stages, self.pipeline.split)
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from trainer.knobs import BalancedSplit, FirstLastSplit
+from trainer.knobs import BalancedSplit, FirstLastSplit, FsdpDP, ReplicateDP
 
 from .config import PlanConfig, rank_layers
 from .knobs import RC_CODE, SCHED_CODE, Consts, Knobs
@@ -152,8 +152,11 @@ _ENCODE = {
     "recompute.num_layers": lambda x: 0 if x is None else x,
     "recompute.modules": lambda x: sum(_MODULE_BITS.get(m, 8) for m in (x or ("core_attn",))),
     "data_parallel.kind": lambda x: {"replicate": 0, "torch_ddp": 1, "fsdp": 2}.get(x, -1),
-    "data_parallel.overlap_grad_reduce": bool,
-    "data_parallel.bucket_mb": lambda x: -1.0 if x is None else float(x),
+    # A base without them (fsdp) switched to replicate gets ReplicateDP's defaults, as apply_params builds it.
+    "data_parallel.overlap_grad_reduce": lambda x: ReplicateDP.overlap_grad_reduce if x is None else bool(x),
+    "data_parallel.bucket_mb": lambda x: ReplicateDP.bucket_mb if x is None else float(x),
+    "data_parallel.reshard_after_forward": lambda x: FsdpDP.reshard_after_forward if x is None else bool(x),
+    "data_parallel.prefetch": lambda x: FsdpDP.prefetch if x is None else x,
     "optimizer.overlap_param_gather": bool,
     "optimizer.distributed": bool,
     "optimizer.grad_reduce_dtype": lambda x: {"fp32": 4.0, "bf16": 2.0}.get(x, -1.0),
@@ -200,14 +203,19 @@ def _knobs(base: PlanConfig, cols: dict[str, np.ndarray], n: int) -> tuple[Knobs
     bucket = cols["data_parallel.bucket_mb"].astype(float)
     grad_bytes = cols["optimizer.grad_reduce_dtype"].astype(float)
     dp_kind = cols["data_parallel.kind"].astype(np.int64)
-    valid &= (~opg | dist) & (bucket > 0) & (grad_bytes > 0) & (dp_kind >= 0) & ((dp_kind != 2) | (d <= 1))
+    fsdp = (dp_kind == 2) & (d > 1)
+    prefetch = cols["data_parallel.prefetch"].astype(np.int64)
+    valid &= (~opg | dist) & (grad_bytes > 0) & (dp_kind >= 0) & ~(fsdp & opg)
+    valid &= np.where(dp_kind == 2, prefetch >= 0, bucket > 0)
     knobs = Knobs(b=np.maximum(b, 1), m=np.maximum(m, 1), sched=np.maximum(sched, 0), v=np.maximum(v, 1),
                   layers=np.maximum(layers, 0), rc=np.maximum(rc, 0), rc_block=method == 1, rc_n=rc_n,
                   sel_attn=(rc == 1) & (mods & 1 > 0), sel_mlp=(rc == 1) & (mods & 2 > 0),
                   sel_norm=(rc == 1) & (mods & 4 > 0),
                   ogr=np.where(dp_kind == 0, cols["data_parallel.overlap_grad_reduce"].astype(bool), dp_kind == 1),
                   opg=opg, dist=dist,
-                  bucket_mb=np.maximum(bucket, 1e-9), grad_bytes=np.maximum(grad_bytes, 1.0))
+                  bucket_mb=np.maximum(bucket, 1e-9), grad_bytes=np.maximum(grad_bytes, 1.0), fsdp=fsdp,
+                  raf=fsdp & cols["data_parallel.reshard_after_forward"].astype(bool),
+                  prefetch=np.where(fsdp, np.maximum(prefetch, 0), 0))
     return knobs, valid
 
 

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from trainer.knobs import FullRecompute, ReplicateDP, SelectiveRecompute, TorchDDP
+from trainer.knobs import FsdpDP, FullRecompute, ReplicateDP, SelectiveRecompute, TorchDDP
 
 from .config import PlanConfig
 
@@ -107,6 +107,12 @@ class Knobs:
     dist: np.ndarray
     bucket_mb: np.ndarray
     grad_bytes: np.ndarray
+    fsdp: np.ndarray
+    """FSDP shards parameters, gradients and optimizer state (data_parallel.kind fsdp at dp > 1; fsdp.py)."""
+    raf: np.ndarray
+    """FSDP's reshard_after_forward."""
+    prefetch: np.ndarray
+    """FSDP's explicit prefetch depth (blocks)."""
 
     @property
     def n(self) -> int:
@@ -118,8 +124,9 @@ def encode(cfgs: Sequence[PlanConfig]) -> Knobs:
     rows = []
     for cfg in cfgs:
         rc, pipe, dp, opt = cfg.recompute, cfg.pipeline, cfg.data_parallel, cfg.optimizer
-        # torch DDP always overlaps its buckets; FSDP is only accepted at dp = 1, where nothing is reduced.
+        # torch DDP always overlaps its buckets; FSDP's own overlap is fsdp.py's (the trainer applies it at dp > 1 only).
         overlap = dp.overlap_grad_reduce if isinstance(dp, ReplicateDP) else isinstance(dp, TorchDDP)
+        fsdp = isinstance(dp, FsdpDP) and cfg.parallel.dp > 1
         bucket_mb = getattr(dp, "bucket_mb", ReplicateDP.bucket_mb)
         mods = rc.modules if isinstance(rc, SelectiveRecompute) else ()
         rows.append((
@@ -129,6 +136,7 @@ def encode(cfgs: Sequence[PlanConfig]) -> Knobs:
             "core_attn" in mods, "mlp" in mods, "norm" in mods,
             overlap, opt.overlap_param_gather, opt.distributed, bucket_mb,
             4.0 if opt.grad_reduce_dtype == "fp32" else 2.0,
+            fsdp, fsdp and dp.reshard_after_forward, dp.prefetch if fsdp else 0,
         ))
     cols = list(zip(*rows))
     i = lambda k: np.asarray(cols[k], dtype=np.int64)  # noqa: E731
@@ -137,7 +145,7 @@ def encode(cfgs: Sequence[PlanConfig]) -> Knobs:
         b=i(0), m=i(1), sched=i(2), v=i(3), layers=np.asarray([c.stage_layers for c in cfgs], dtype=np.int64),
         rc=i(4), rc_block=bl(5), rc_n=i(6), sel_attn=bl(7), sel_mlp=bl(8), sel_norm=bl(9),
         ogr=bl(10), opg=bl(11), dist=bl(12), bucket_mb=np.asarray(cols[13], dtype=float),
-        grad_bytes=np.asarray(cols[14], dtype=float),
+        grad_bytes=np.asarray(cols[14], dtype=float), fsdp=bl(15), raf=bl(16), prefetch=i(17),
     )
 
 

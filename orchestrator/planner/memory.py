@@ -3,6 +3,7 @@
 * Model state, bytes per parameter (Megatron distributed-optimizer docs): bf16 weights 2, main gradients 4
   (fp32) or 2 (bf16), optimizer 12 (fp32 master weights + Adam m and v), the 12 divided over dp with the
   distributed optimizer: 6 + 12/d for bf16 weights / fp32 gradients, 18 without (the docs' table).
+  FSDP at dp > 1 shards all of it, 18/d, and holds unsharded buffers besides (``fsdp.buffer_bytes``).
 * Activations of one layer for one microbatch (Korthikanti et al. 2022, "Reducing Activation Recomputation
   in Large Transformer Models", eq. 1-2, generalised to an MLP width f): s b h (10 + 24/t) + 5 a s^2 b / t
   bytes with f = 4h, i.e. 10 s b h replicated over the tensor-parallel group (LayerNorm inputs, dropout
@@ -28,6 +29,7 @@ import dataclasses
 
 import numpy as np
 
+from .fsdp import buffer_bytes
 from .knobs import Consts, Knobs, chunk_layers, encode, in_flight, stage_params, stage_tensors, state_bytes
 
 OPTIMIZER_BYTES = 12.0
@@ -37,6 +39,8 @@ ADAM_STEP_BYTES = 4.0
 """torch AdamW's per-tensor ``step`` counter (a float32 scalar unless capturable/fused)."""
 ACTIVATION_SCALE = {"mixed": 1.0, "fp32": 2.0, "bf16_autocast": 1.0}
 """Stored activation bytes relative to Korthikanti et al.'s 16-bit accounting."""
+MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "fsdp_buffers", "reserved")
+"""What ``stage_memory`` adds up per stage, in the order reports list it."""
 
 
 def activation_bytes(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
@@ -61,7 +65,10 @@ def stage_memory(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     e = C.eff
     P = stage_params(C, K)
     col = lambda x: x[:, None]  # noqa: E731
-    shard = np.where(col(K.dist), C.d, 1)
+    # FSDP shards parameters and gradients too; the optimizer state follows its parameters (a step counter
+    # per tensor stays whole on every rank).
+    state_shard = np.where(col(K.fsdp), C.d, 1)
+    shard = np.where(col(K.dist | K.fsdp), C.d, 1)
     act = activation_bytes(C, K)
     full, sel, ckpt = col(act["full"]), col(act["selective"]), col(act["ckpt"])
     lc = chunk_layers(K).astype(float)
@@ -84,10 +91,11 @@ def stage_memory(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     else:
         optimizer = TORCH_ADAM_BYTES * P / shard + ADAM_STEP_BYTES * stage_tensors(C, K)
     parts = {
-        "params": weight_bytes * P,
-        "grads": col(grad_bytes) * P,
+        "params": weight_bytes * P / state_shard,
+        "grads": col(grad_bytes) * P / state_shard,
         "optimizer": optimizer,
         "activations": activations,
+        "fsdp_buffers": buffer_bytes(C, K),
         "reserved": np.full_like(P, e.mem_reserved_gb * 1e9),
     }
     total = sum(parts.values())
@@ -107,7 +115,9 @@ def predicts_oom(cfg, cluster=None) -> tuple[bool, str]:
     gb = lambda k: mem[k][0, s] / 1e9  # noqa: E731
     need, have = mem["peak"][0] / 1e9, cfg.cluster.hbm_gb
     detail = (f"params {gb('params'):.1f}, grads {gb('grads'):.1f}, optimizer {gb('optimizer'):.1f}, "
-              f"activations {gb('activations'):.1f}, reserved {gb('reserved'):.1f} GB")
+              f"activations {gb('activations'):.1f}, "
+              + (f"fsdp buffers {gb('fsdp_buffers'):.1f}, " if mem["fsdp_buffers"][0, s] else "")
+              + f"reserved {gb('reserved'):.1f} GB")
     if need > have:
         return True, f"stage {s} needs {need:.1f} GB > {have:.1f} GB per GPU ({detail})"
     return False, f"fits: stage {s} peaks at {need:.1f} of {have:.1f} GB ({detail})"

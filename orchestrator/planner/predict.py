@@ -9,7 +9,7 @@ from typing import Any
 from .band import Band, load_band
 from .config import PlanConfig
 from .knobs import Consts, encode
-from .memory import stage_memory
+from .memory import MEMORY_PARTS, stage_memory
 from .timing import step_times
 
 MFU_BASIS = "6 * total_params * tokens_per_s / (num_gpus * peak_flops): model FLOPs only, no attention or recompute"
@@ -31,7 +31,8 @@ class Prediction:
     recompute_s: float
     """Forward work repeated for activation recomputation on the slowest stage."""
     dp_exposed_s: float
-    """Data-parallel communication left on the critical path after overlap."""
+    """Data-parallel communication left on the critical path after overlap (with FSDP: everything its
+    per-block gathers and reduce-scatters add to the update, fill and drain included)."""
     dp_total_s: float
     """All data-parallel communication of the busiest stage, hidden or not."""
     pp_bubble_s: float
@@ -47,7 +48,7 @@ class Prediction:
     peak_memory_bytes: float
     """Peak over stages of params + grads + optimizer state + activations + reserved."""
     memory_per_stage: list[dict[str, float]]
-    """Bytes per stage by kind: params, grads, optimizer, activations, reserved, total."""
+    """Bytes per stage by kind: params, grads, optimizer, activations, fsdp_buffers, reserved, total."""
     fits_memory: bool
     """peak_memory_bytes <= the cluster's HBM per GPU."""
     tokens_per_s: float
@@ -79,7 +80,7 @@ def predict(cfg: PlanConfig, band: Band | None = None) -> Prediction:
     C, K = Consts.of(cfg), encode([cfg])
     t = {k: float(v[0]) for k, v in step_times(C, K).items()}
     mem = stage_memory(C, K)
-    stages = [{k: float(mem[k][0, s]) for k in ("params", "grads", "optimizer", "activations", "reserved", "total")}
+    stages = [{k: float(mem[k][0, s]) for k in MEMORY_PARTS + ("total",)}
               for s in range(cfg.parallel.pp)]
     tokens_per_s = cfg.batch.global_batch * cfg.job.seq_len / t["step_time_s"]
     mfu = 6.0 * cfg.model.total_params * tokens_per_s / (cfg.cluster.num_gpus * cfg.cluster.peak_flops)

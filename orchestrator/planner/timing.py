@@ -22,6 +22,8 @@ Sources, per formula (also in docs/planner.md):
 * Data parallelism: buckets of the distributed optimizer's reduce-scatter / all-gather (Megatron
   distributed optimizer docs) or all-reduce, at the group's bus bandwidth, overlapped as Megatron overlaps
   them (the last microbatch's backward, the first microbatch's forward, the pipeline drain): comm.py.
+  FSDP instead gathers and reduces per block inside every microbatch (fsdp.py): its exposed seconds stall
+  the stage's forward and backward, so they are priced through the pipeline formula like compute.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import numpy as np
 
 from .comm import (all_gather_time, all_reduce_time, bucket_tail, bulk_overlap_exposed, bus_bandwidth,
                    exposed_after_slack, pipelined_overlap_exposed, reduce_scatter_time)
+from .fsdp import fsdp_times
 from .knobs import Consts, Knobs, recomputed_layers, stage_params, state_bytes
 from .memory import ACTIVATION_SCALE
 
@@ -135,12 +138,14 @@ def stage_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     selective = (K.rc == 1)[:, None]
     rec_comp = n_rec * col(lc["f_comp"]) + np.where(selective, Lk * col(lc["sel_comp"]), 0.0)
     rec_tp = n_rec * col(lc["f_tp"]) + np.where(selective, Lk * col(lc["sel_tp"]), 0.0)
-    f_comp = Lk * col(lc["f_comp"]) + last * col(lc["lm_f"])
-    b_comp = Lk * col(lc["b_comp"]) + last * 2.0 * col(lc["lm_f"])
+    head_f = last * col(lc["lm_f"])
+    f_comp = Lk * col(lc["f_comp"]) + head_f
+    b_comp = Lk * col(lc["b_comp"]) + 2.0 * head_f
     f_tp = Lk * col(lc["f_tp"])
     b_tp = Lk * col(lc["b_tp"])
     return {"f_comp": f_comp, "b_comp": b_comp, "rec_comp": rec_comp, "f_tp": f_tp, "b_tp": b_tp,
-            "rec_tp": rec_tp, "F": f_comp + f_tp, "B": b_comp + b_tp + rec_comp + rec_tp, "p2p": lc["p2p"]}
+            "rec_tp": rec_tp, "F": f_comp + f_tp, "B": b_comp + b_tp + rec_comp + rec_tp, "p2p": lc["p2p"],
+            "head_f": head_f}
 
 
 def dp_bus_bandwidth(C: Consts) -> float:
@@ -180,15 +185,48 @@ def dp_times(C: Consts, K: Knobs, F: np.ndarray, B: np.ndarray) -> dict[str, np.
     c_rs = np.where(dist, reduce_scatter_time(C.d, grad_bucket, bus, C.lat_dp),
                     all_reduce_time(C.d, grad_bucket, bus, C.lat_dp))
     c_ag = np.where(dist, all_gather_time(C.d, P * weight_bytes / nb, bus, C.lat_dp), 0.0)
-    v = col(K.v).astype(float)
-    # Stage s's last backward ends sum_{j<s} B_j / v before stage 0's; its first forward starts that much later.
-    slack_b = np.concatenate([zero[:, :1], np.cumsum(B, axis=1)[:, :-1]], axis=1) / v
-    slack_f = np.concatenate([zero[:, :1], np.cumsum(F, axis=1)[:, :-1]], axis=1) / v
+    if K.fsdp.any():  # FSDP's own collectives are fsdp.py's
+        c_rs, c_ag = c_rs * col(~K.fsdp), c_ag * col(~K.fsdp)
+    slack_b, slack_f = drain_slack(B, K), drain_slack(F, K)
     rs_tail = np.where(col(K.ogr), bucket_tail(c_rs, nb, B), nb * c_rs)
     ag_tail = np.where(col(K.opg), bucket_tail(c_ag, nb, F), nb * c_ag)
     rs = exposed_after_slack(rs_tail, slack_b).max(axis=1)
     ag = np.where(K.opg, exposed_after_slack(ag_tail, slack_f).max(axis=1), ag_tail.max(axis=1))
     return {"rs": rs, "ag": ag, "total": nb * (c_rs + c_ag), "P": P}
+
+
+def drain_slack(X: np.ndarray, K: Knobs) -> np.ndarray:
+    """Per stage (n, pp): how much earlier than stage 0 stage s ends its last pass (X = a stage's backward
+    per microbatch) or how much later it starts its first (X = forward): sum_{j<s} X_j / v."""
+    zero = np.zeros_like(X[:, :1])
+    return np.concatenate([zero, np.cumsum(X, axis=1)[:, :-1]], axis=1) / K.v[:, None].astype(float)
+
+
+def pipeline_bubble(S: np.ndarray, K: Knobs) -> np.ndarray:
+    """Fill and drain, (sum_s S_s - S_max) / v, for per-microbatch stage times S (n, pp)."""
+    return (S.sum(axis=1) - S.max(axis=1)) / K.v
+
+
+def pipeline_time(S: np.ndarray, K: Knobs) -> np.ndarray:
+    """m * S_max + the bubble: the pipeline's time for per-microbatch stage times S (n, pp)."""
+    return K.m * S.max(axis=1) + pipeline_bubble(S, K)
+
+
+def fsdp_exposed(C: Consts, K: Knobs, st: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(what FSDP adds to the update, all its traffic) per config (n,): its per-microbatch stalls through
+    the pipeline formula, plus the last microbatch's reduce-scatters less the stage's drain slack."""
+    zero = np.zeros(K.n)
+    if C.d <= 1 or not K.fsdp.any():
+        return zero, zero
+    # One block's forward and backward (with TP and its share of the recompute): what the collectives run under.
+    Lk = np.maximum(K.layers, 1).astype(float)
+    f_block = (st["F"] - st["head_f"]) / Lk
+    b_block = (st["B"] - 2.0 * st["head_f"]) / Lk
+    fs = fsdp_times(C, K, f_block, b_block, dp_bus_bandwidth(C))
+    S = st["F"] + st["B"]
+    stalled = pipeline_time(S + fs["stall"], K) - pipeline_time(S, K)
+    end = exposed_after_slack(fs["sync_extra"] + fs["tail"], drain_slack(st["B"], K)).max(axis=1)
+    return stalled + end, fs["total"].max(axis=1)
 
 
 def step_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
@@ -200,13 +238,13 @@ def step_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     at = lambda x: x[rows, crit]  # noqa: E731
     m = K.m.astype(float)
     v = K.v.astype(float)
-    s_max = S[rows, crit]
-    bubble = (S.sum(axis=1) - s_max) / v
+    bubble = pipeline_bubble(S, K)
     n_p2p = np.where(C.p > 1, 2.0 * (m * v + C.p - 1), 0.0)
     p2p = n_p2p * st["p2p"]
     dp = dp_times(C, K, st["F"], st["B"])
+    fsdp_s, fsdp_total = fsdp_exposed(C, K, st)
     P = dp["P"]
-    shard = np.where(K.dist[:, None], C.d, 1)
+    shard = np.where((K.dist | K.fsdp)[:, None], C.d, 1)
     _, grad_bytes = state_bytes(C, K)
     adam = ADAM_BYTES if C.precision == "mixed" else TORCH_ADAM_BYTES
     opt_bytes = P / shard * (adam + grad_bytes[:, None])
@@ -218,8 +256,8 @@ def step_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
         "tp_comm_s": m * (at(st["f_tp"]) + at(st["b_tp"]) + at(st["rec_tp"])),
         "pp_bubble_s": bubble,
         "pp_p2p_s": p2p,
-        "dp_exposed_s": dp["rs"] + dp["ag"],
-        "dp_total_s": dp["total"].max(axis=1),
+        "dp_exposed_s": dp["rs"] + dp["ag"] + fsdp_s,
+        "dp_total_s": dp["total"].max(axis=1) + fsdp_total,
         "optimizer_s": optimizer,
         "critical_stage": crit,
     }

@@ -51,6 +51,8 @@ MAPPING = [
      {"gpus": 2, "dp": 2, "bucket_mb": 2.0, "overlap": False, "microbatches": 8}),   # the same MB, no conversion
     ({"parallel.dp": 2, "data_parallel.kind": "torch_ddp", "data_parallel.bucket_mb": 8.0},
      {"dp": 2, "bucket_mb": 8.0, "kind": "torch_ddp"}),
+    ({"parallel.dp": 2, "data_parallel.kind": "fsdp", "data_parallel.prefetch": 2},
+     {"dp": 2, "kind": "fsdp", "bucket_mb": None, "microbatches": 8}),
 ]
 
 
@@ -61,7 +63,7 @@ def test_mapping_table(overrides, expected):
     got = {"gpus": plan.cluster.num_gpus, "tp": plan.tensor_parallel.size, "pp": plan.parallel.pp, "dp": plan.parallel.dp,
            "schedule": plan.pipeline.schedule, "v": plan.pipeline.virtual_stages, "split": plan.pipeline.split,
            "recompute": plan.recompute, "precision": plan.job.precision, "mbs": plan.batch.micro_batch_size,
-           "microbatches": plan.microbatches, "bucket_mb": plan.data_parallel.bucket_mb,
+           "microbatches": plan.microbatches, "bucket_mb": getattr(plan.data_parallel, "bucket_mb", None),
            "overlap": getattr(plan.data_parallel, "overlap_grad_reduce", None), "kind": plan.data_parallel.kind,
            "stage_layers": plan.stage_layers}
     assert {k: got[k] for k in expected} == expected
@@ -78,10 +80,10 @@ def test_mapping_notes_name_the_approximations():
     assert mapping_notes(tcfg()) == []
     assert "torch_ddp" in mapping_notes(tcfg(parallel__dp=2, data_parallel__kind="torch_ddp"))[0]
     assert "no effect with pp=1" in mapping_notes(tcfg(pipeline__schedule="gpipe"))[0]
+    assert "unsharded buffers" in mapping_notes(tcfg(parallel__dp=2, data_parallel__kind="fsdp"))[0]
 
 
 @pytest.mark.parametrize("overrides,match", [
-    ({"parallel.dp": 2, "data_parallel.kind": "fsdp"}, "data_parallel.kind: fsdp is not predicted"),
     # 6 layers over 4 chunks: [1, 2, 2, 1], so each rank holds a 1-layer and a 2-layer chunk.
     ({"parallel.pp": 2, "pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 2,
       "batch.micro_batch_size": 2}, "unequal size"),
@@ -119,6 +121,37 @@ def test_params_grads_and_adam_state_are_exact(overrides):
         assert predicted == measured, pp_rank
 
 
+@pytest.mark.parametrize("overrides", [
+    {"parallel.dp": 2, "data_parallel.kind": "fsdp"},
+    {"parallel.pp": 2, "parallel.dp": 2, "data_parallel.kind": "fsdp", "run.precision": "bf16", "model.d_ff": 96},
+])
+def test_fsdp_model_state_is_each_ranks_dim0_shard(overrides):
+    """FSDP2 keeps on dp rank r the rows torch.chunk(param, dp, dim=0)[r] of every parameter (its gradient and
+    Adam moments alike) and one whole AdamW step counter per parameter: built here from the trainer's own
+    modules, rank by rank. Every dim 0 of this model divides by dp, so each rank holds exactly the mean the
+    planner predicts."""
+    from trainer.parallelize import build_chunks
+
+    cfg = TrainConfig.from_dict(apply_overrides(BASE, overrides))
+    plan = plan_for_trial(cfg, CPU, EXACT)
+    mem = stage_memory(Consts.of(plan), encode([plan]))
+    d = cfg.parallel.dp
+    nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    for pp_rank in range(cfg.parallel.pp):
+        chunks, _ = build_chunks(cfg, pp_rank, torch.device("cpu"))
+        full = [p for c in chunks for p in c.parameters()]
+        for dp_rank in range(d):
+            shards = [torch.nn.Parameter(torch.chunk(p.detach(), d, dim=0)[dp_rank].clone()) for p in full]
+            for p in shards:
+                p.grad = torch.zeros_like(p)
+            opt = torch.optim.AdamW(shards)
+            opt.step()
+            measured = {"params": nbytes(shards), "grads": nbytes(p.grad for p in shards),
+                        "optimizer": nbytes(v for st in opt.state.values() for v in st.values() if torch.is_tensor(v))}
+            assert {k: mem[k][0, pp_rank] for k in measured} == measured, (pp_rank, dp_rank)
+            assert measured["params"] * d == nbytes(full)
+
+
 def test_precision_modes_scale_activations():
     fp32 = plan_for_trial(tcfg(parallel__pp=2), CPU, EXACT)
     bf16 = plan_for_trial(tcfg(parallel__pp=2, run__precision="bf16"), CPU, EXACT)
@@ -149,8 +182,10 @@ def test_skips_what_cannot_fit_and_launches_what_fits():
 
 def test_unpredictable_configs_are_launched_and_counted():
     pf = MemoryPrefilter(CPU, EXACT, budget_bytes=1.0)
-    skip, why = pf.check(tcfg(parallel__dp=2, data_parallel__kind="fsdp"))
-    assert not skip and "not predicted" in why and "fsdp" in why
+    unequal = tcfg(parallel__pp=2, pipeline__schedule="interleaved_1f1b", pipeline__virtual_stages=2,
+                   batch__micro_batch_size=2)
+    skip, why = pf.check(unequal)
+    assert not skip and "not predicted" in why and "unequal size" in why
     assert pf.check(tcfg())[0]
     assert (pf.checked, pf.skipped, pf.not_predicted) == (2, 1, 1)
     assert "1 not launched" in pf.summary() and "1 launched without a prediction" in pf.summary()

@@ -92,9 +92,11 @@ def row_planner_dict(r: Mapping[str, Any], eff: Efficiency) -> dict[str, Any]:
         "batch": {"global_batch": r["gbs"], "micro_batch_size": r["mbs"]},
         "pipeline": pipeline,
         "recompute": recompute,
-        # Megatron's default bucket: 40M parameters, in MB of gradients in their reduction dtype (trainer.knobs unit).
-        "data_parallel": {"kind": "replicate", "overlap_grad_reduce": r.get("overlap_grad", False),
-                          "bucket_mb": 40.0 * (2 if r.get("grad_dtype") == "bf16" else 4)},
+        # Megatron's default bucket: 40M parameters, in MB of gradients in their reduction dtype (trainer.knobs unit);
+        # a row that states `fsdp:` (reshard_after_forward, prefetch) ran FSDP2 instead.
+        "data_parallel": {"kind": "fsdp", **r["fsdp"]} if "fsdp" in r else {
+            "kind": "replicate", "overlap_grad_reduce": r.get("overlap_grad", False),
+            "bucket_mb": 40.0 * (2 if r.get("grad_dtype") == "bf16" else 4)},
         "optimizer": {"distributed": r.get("dist_opt", False),
                       "overlap_param_gather": r.get("overlap_param", False),
                       "grad_reduce_dtype": r.get("grad_dtype", "fp32")},
