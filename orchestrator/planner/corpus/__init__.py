@@ -76,7 +76,9 @@ def row_planner_dict(r: Mapping[str, Any], eff: Efficiency) -> dict[str, Any]:
     vp = r.get("vp", 1)
     pipeline: dict[str, Any] = {"schedule": "interleaved_1f1b" if vp > 1 else "1f1b", "virtual_stages": vp}
     if "split" in r:
-        pipeline["split"] = {"kind": "first_last", **r["split"]}
+        # `split: {layers: [...]}` lists every model chunk (pipeline order); `{first, last}` sets the end chunks.
+        kind = "explicit" if "layers" in r["split"] else "first_last"
+        pipeline["split"] = {"kind": kind, **r["split"]}
     return {
         "cluster": {**cluster_dict(r["gpu"]), "num_gpus": gpus},
         "model": {"num_layers": r["layers"], "hidden_size": r["hidden"], "num_heads": r["heads"],
