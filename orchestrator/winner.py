@@ -5,7 +5,7 @@ sweep summary, ``export`` and the replay (bench/replay.py): the winner is the co
 while any of the ``top_k`` lowest medians has an interval overlapping the leader's, each of those configs
 and the leader with fewer than ``min_runs`` runs needs one more run, up to ``max_repeats`` extra runs in all.
 A config's interval is [min, max] of its runs; with one run, the run widened by the typical spread
-((max - min) / median) of the configs with several, or by ``single_run_spread`` before any has several.
+((max - min) / median) of the configs with several, or by ``single_run_spread`` until three have several.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ class WinnerRule:
     """Most re-measurements a sweep runs after its search (a ``repeat`` line each); 0: none, and the summary
     names the trials left unsettled. The model backend never re-measures: a prediction repeats exactly."""
     single_run_spread: float = 0.15
-    """Relative spread ((max - min) / median) assumed for a config measured once, until some config has several
-    runs (then their median spread is used). 0.15: a 2-rank CPU trial re-measured went 41.6 -> 47.5 ms; a quiet
+    """Relative spread ((max - min) / median) assumed for a config measured once, until three configs have
+    several runs (then their median spread is used). 0.15: a 2-rank CPU trial re-measured went 41.6 -> 47.5 ms; a quiet
     GPU cluster's runs differ by a few percent."""
 
     def __post_init__(self) -> None:
@@ -46,6 +46,9 @@ class WinnerRule:
 
 RULE = WinnerRule()
 
+MEASURED_SPREAD_CONFIGS = 3
+"""Configs with several runs needed before their median spread replaces ``single_run_spread``."""
+
 
 def to_remeasure(runs: Mapping[str, Sequence[float]], rule: WinnerRule = RULE) -> list[str]:
     """Keys (best median first) that need one more run before a winner can be declared; [] when none."""
@@ -53,7 +56,10 @@ def to_remeasure(runs: Mapping[str, Sequence[float]], rule: WinnerRule = RULE) -
     if not top:
         return []
     spreads = [(max(v) - min(v)) / statistics.median(v) for v in runs.values() if len(v) > 1]
-    spread = statistics.median(spreads) if spreads else rule.single_run_spread
+    # One or two configs' runs say little about the spread (a real default sweep's leader ran 45.3 and 45.4 ms,
+    # which would have narrowed every single run to +-0.1% and settled a 1% race at once): the declared
+    # spread holds until MEASURED_SPREAD_CONFIGS configs have several runs.
+    spread = statistics.median(spreads) if len(spreads) >= MEASURED_SPREAD_CONFIGS else rule.single_run_spread
 
     def interval(k: str) -> tuple[float, float]:
         v = runs[k]

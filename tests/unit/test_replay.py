@@ -92,3 +92,17 @@ def test_the_landscape_resolution_is_one_without_noise_and_falls_with_overlappin
     tied = land({"a": [1.00, 1.00, 1.30], "b": [0.90, 1.05, 1.05], "c": [2.0, 2.0, 2.0]})
     assert 0.3 < R.resolution(tied, 0.02, draws=400) < 0.95
     assert R.resolution(tied, 0.10, draws=200) == 1.0
+
+
+@pytest.mark.parametrize("others, asked", [
+    # The real default sweep's case: only the leader has two runs, 0.2% apart. The declared 15% still widens
+    # the single runs, so the 1%- and 3%-slower configs are run again (their intervals overlap the leader's).
+    ({}, ["lead", "second", "third"]),
+    # Three configs with several tight runs: their median spread (~0.2%) replaces the declared one, and the
+    # 1% gap then separates the leader from the single-run second: settled.
+    ({"x": [50.0, 50.1], "y": [52.0, 52.1]}, []),
+])
+def test_a_spread_measured_on_too_few_configs_does_not_narrow_the_single_runs(others, asked):
+    runs = {"lead": [45.3, 45.4], "second": [45.9], "third": [46.8], **others}
+    keys = winner.to_remeasure(runs, winner.WinnerRule(top_k=3, min_runs=4))
+    assert keys == asked
