@@ -169,8 +169,8 @@ def fsdp_times(C: Consts, K: Knobs, f: np.ndarray, b: np.ndarray, bus: float,
     on = col(K.fsdp)
     m = col(K.m).astype(float)
     passes = gather_passes(C, K)
-    tail = np.where(L > 0, r, 0.0) + r0
     if C.p == 1:
+        tail = np.where(L > 0, r, 0.0) + r0   # block 0's and the root's: the others hide under the backward
         g_bwd = np.where(col(K.raf), g, 0.0)
         quiet = pass_exposed(g, g_bwd, 0.0, f, b, L / v)
         sync = pass_exposed(g, g_bwd, r, f, b, L / v)
@@ -182,9 +182,9 @@ def fsdp_times(C: Consts, K: Knobs, f: np.ndarray, b: np.ndarray, bus: float,
     gathering_backward = pass_exposed(g, g, 0.0, f, b, L / v)["backward"]
     n = L / v
     interleaved = col(K.sched) == 2
-    # The first chunk's root and first block gathers can run before its input arrives, a later chunk's first
-    # gather under the chunks before it; the rest of the pass gathers one block ahead of its compute.
-    chain = np.maximum(0.0, g0 + np.where(L > 0, g, 0.0) - fill_slack) + v * np.maximum(0.0, gathering_forward - g)
+    # GPipe / 1F1B (v = 1): the root's and block 0's gathers can run before the input arrives; the rest of the
+    # pass gathers one block ahead of its compute.
+    chain = np.maximum(0.0, g0 + np.where(L > 0, g, 0.0) - fill_slack) + np.maximum(0.0, gathering_forward - g)
     # Interleaved: the whole first chunk is gathered from the step's start, the later chunks under its passes.
     up_front = np.maximum(0.0, g0 + n * g - fill_slack)
     # Every other gathering pass of a chunk (reshard_after_forward only), the root's gather in front of each.
