@@ -22,8 +22,9 @@ Sources, per formula (also in docs/planner.md):
 * Data parallelism: buckets of the distributed optimizer's reduce-scatter / all-gather (Megatron
   distributed optimizer docs) or all-reduce, at the group's bus bandwidth, overlapped as Megatron overlaps
   them (the last microbatch's backward, the first microbatch's forward, the pipeline drain): comm.py.
-  FSDP instead gathers and reduces per block inside every microbatch (fsdp.py): its exposed seconds stall
-  the stage's forward and backward, so they are priced through the pipeline formula like compute.
+  FSDP instead gathers and reduces per block inside the microbatches (fsdp.py: every microbatch at pp = 1,
+  as torch pipelining drives it at pp > 1): its exposed seconds stall the stage's forward and backward, so
+  they are priced through the pipeline formula like compute.
 """
 
 from __future__ import annotations
@@ -214,7 +215,8 @@ def pipeline_time(S: np.ndarray, K: Knobs) -> np.ndarray:
 
 def fsdp_exposed(C: Consts, K: Knobs, st: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(what FSDP adds to the update, all its traffic) per config (n,): its per-microbatch stalls through
-    the pipeline formula, plus the last microbatch's reduce-scatters less the stage's drain slack."""
+    the pipeline formula, the first microbatch's one-off stalls along the fill (pp > 1), plus the
+    reduce-scatters after the last backward less the stage's drain slack (fsdp.py)."""
     zero = np.zeros(K.n)
     if C.d <= 1 or not K.fsdp.any():
         return zero, zero
@@ -222,11 +224,12 @@ def fsdp_exposed(C: Consts, K: Knobs, st: dict[str, np.ndarray]) -> tuple[np.nda
     Lk = np.maximum(K.layers, 1).astype(float)
     f_block = (st["F"] - st["head_f"]) / Lk
     b_block = (st["B"] - 2.0 * st["head_f"]) / Lk
-    fs = fsdp_times(C, K, f_block, b_block, dp_bus_bandwidth(C))
+    fs = fsdp_times(C, K, f_block, b_block, dp_bus_bandwidth(C), drain_slack(st["F"], K))
     S = st["F"] + st["B"]
     stalled = pipeline_time(S + fs["stall"], K) - pipeline_time(S, K)
     end = exposed_after_slack(fs["sync_extra"] + fs["tail"], drain_slack(st["B"], K)).max(axis=1)
-    return stalled + end, fs["total"].max(axis=1)
+    once = fs["chain"].sum(axis=1) + fs["up_front"].max(axis=1)
+    return stalled + once + end, fs["total"].max(axis=1)
 
 
 def step_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:

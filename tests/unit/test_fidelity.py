@@ -53,12 +53,6 @@ def test_h100_fit_moves_at_most_one_parameter_per_fit_row():
     assert one.efficiency.dp_bw_eff == a100.efficiency.dp_bw_eff
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 9: 26/43 (0.605) since the Llama 3 rows were re-transcribed from the paper (FSDP without resharding, "
-    "interleaving; was 27/43 = 0.628 with the assumed settings): with DGXC left out the H100 set comes from "
-    "l3-405b-8192 alone, whose remaining +22% (the planner's per-microbatch FSDP re-gather and the V = 2 bubble, "
-    "docs/planner-validation.md) moves into matmul_eff; DGXC then has 5/18 inside its out-of-source band. The "
-    "threshold is not lowered (a binomial 95% bound at 43 rows is about 0.67, stricter)."))
 def test_bands_hold_heldout_truth_at_their_stated_rate_out_of_source():
     """Band built from the other sources' LOSO residuals, checked on the left-out source's rows."""
     rows = corpus.load()

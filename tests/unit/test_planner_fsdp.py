@@ -13,9 +13,10 @@ import pytest
 
 from orchestrator.__main__ import main
 from orchestrator.planner import (BatchConfig, ClusterSpec, Efficiency, FsdpDP, JobSpec, ModelSpec, ParallelConfig,
-                                  PlanConfig, ReplicateDP, TensorParallel, apply_params, enumerate_space, predict)
+                                  PipelineConfig, PlanConfig, ReplicateDP, TensorParallel, apply_params,
+                                  enumerate_space, predict)
 from orchestrator.planner.config import OptimizerSharding
-from orchestrator.planner.fsdp import pass_exposed
+from orchestrator.planner.fsdp import gather_passes, pass_exposed
 from orchestrator.planner.knobs import Consts, encode
 from orchestrator.planner.memory import stage_memory
 
@@ -257,3 +258,99 @@ def test_plan_command_predicts_fsdp(capsys):
     rc = main(["plan", "--config", str(PRESET), "data_parallel.kind=fsdp", "optimizer.overlap_param_gather=true"])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "optimizer.overlap_param_gather" in err
+
+
+# ---- under a pipeline (pp > 1): torch pipelining keeps groups gathered and reduces once per step -------------
+
+EMB = 32_000 * 1024                          # stage 0's root: the input embedding
+HEAD = 32_000 * 1024 + 2 * 1024              # the last stage's root: LM head + final LayerNorm
+G0_FIRST = 7 / 8 * 2 * EMB / BUS + 7 * LAT
+G0_LAST = 7 / 8 * 2 * HEAD / BUS + 7 * LAT
+R0_FIRST = 7 / 8 * 4 * EMB / BUS + 7 * LAT
+R0_LAST = 7 / 8 * 4 * HEAD / BUS + 7 * LAT
+
+
+def piped(schedule: str = "1f1b", raf: bool = True, global_batch: int = 32, layers: int = 4, **over) -> PlanConfig:
+    """pp 2 x dp 8 on one 16-GPU node; global batch 32 = m 4 microbatches per replica."""
+    base = cfg(raf=raf, prefetch=0, cluster=dataclasses.replace(cfg().cluster, num_gpus=16, gpus_per_node=16),
+               parallel=ParallelConfig(pp=2, dp=8), batch=BatchConfig(global_batch=global_batch),
+               pipeline=PipelineConfig(schedule=schedule, virtual_stages=2 if schedule == "interleaved_1f1b" else 1))
+    return dataclasses.replace(base, model=dataclasses.replace(base.model, num_layers=layers), **over)
+
+
+def passes(c: PlanConfig) -> list[tuple[int, int, int]]:
+    gp = gather_passes(Consts.of(c), encode([c]))
+    return [tuple(int(gp[k][0, s]) for k in ("up_front", "forward", "backward")) for s in range(c.parallel.pp)]
+
+
+GATHER_TABLE = [
+    # (config, per stage (up front, forward passes, backward passes) in which each group is gathered per step).
+    # pp 2, m 4. 1F1B stage s runs min(p - s, m) forwards before its first backward; the rest of its passes
+    # alternate B F ... B, and only a backward that follows a forward gathers: m + 1 = 5 in all.
+    (lambda: piped("1f1b", True), [(0, 2, 3), (0, 1, 4)]),
+    (lambda: piped("1f1b", False), [(0, 1, 0), (0, 1, 0)]),       # once, in the first forward
+    (lambda: piped("gpipe", True), [(0, 4, 1), (0, 4, 1)]),       # m forwards, then the first backward
+    (lambda: piped("gpipe", False), [(0, 1, 0), (0, 1, 0)]),
+    # interleaved, v 2: chunks unsharded up front; warm-up 2(p-s-1) + (v-1)p + 1 = 5 and 3 chunk passes, over
+    # v chunks (rounded up) = 3 and 2 forwards before a chunk's first backward, the first of them up front
+    (lambda: piped("interleaved_1f1b", True), [(1, 2, 2), (1, 1, 3)]),
+    (lambda: piped("interleaved_1f1b", False), [(1, 0, 0), (1, 0, 0)]),
+    # pp 1 (m 4): every microbatch gathers again, twice with reshard_after_forward
+    (lambda: cfg(raf=True, global_batch=32), [(0, 4, 4)]),
+    (lambda: cfg(raf=False, global_batch=32), [(0, 4, 0)]),
+]
+
+
+@pytest.mark.parametrize("make, expected", GATHER_TABLE)
+def test_gathers_per_step_match_the_hand_computed_table(make, expected):
+    assert passes(make()) == expected
+
+
+def test_pipeline_traffic_counts_each_gather_once_per_gathering_pass_and_one_reduce_scatter():
+    # the last stage (2 blocks + LM head) carries the most traffic
+    keep = predict(piped("1f1b", False))
+    assert keep.dp_total_s == pytest.approx(2 * G + G0_LAST + 2 * R + R0_LAST, rel=1e-12)
+    raf = predict(piped("1f1b", True))
+    assert raf.dp_total_s == pytest.approx(5 * (2 * G + G0_LAST) + 2 * R + R0_LAST, rel=1e-12)
+    # at pp = 1 the same m = 4 gathers 2m = 8 times
+    assert predict(cfg(global_batch=32)).dp_total_s == pytest.approx(4 * (4 * 2 * G + G0) + 4 * R + R0, rel=1e-12)
+
+
+def test_pipeline_compute_bound_exposes_stage_0s_first_gathers_and_its_reduce_scatters():
+    """10 TFLOP/s: compute dwarfs every collective. Stage 0 has no fill to wait through: its root and first
+    block gathers are exposed; stage 1's hide under the fill. Every reduce-scatter follows the last backward;
+    stage 0 ends last, so its are exposed; stage 1's hide under the drain."""
+    once = G0_FIRST + G + 2 * R + R0_FIRST
+    for schedule in ("1f1b", "gpipe", "interleaved_1f1b"):   # interleaved: the first chunk (1 block) up front
+        assert predict(piped(schedule, False)).dp_exposed_s == pytest.approx(once, rel=1e-9), schedule
+    # reshard_after_forward, 1F1B: per stage m more gathering passes, each exposing its first gather and the
+    # root's (compute-bound: the rest hides), spread over the m microbatches: G + G0_s per microbatch, paid
+    # m times on the slowest stage (the last: the LM head) and once in the fill by stage 0
+    raf = predict(piped("1f1b", True))
+    assert raf.dp_exposed_s == pytest.approx(once + 4 * (G + G0_LAST) + (G + G0_FIRST), rel=1e-9)
+
+
+MEMORY_PP_TABLE = [
+    # (schedule, raf, global batch, per stage fsdp_buffers): 8 layers, 4 per stage. Under a pipeline every block
+    # of the stage is held gathered (bf16) either way, and the stage's fp32 gradients accumulate unsharded
+    # until the step's end, even at m = 1; one fp32 block reduce-scatter input.
+    ("1f1b", True, 32, [2 * (EMB + 4 * BLOCK) + 4 * BLOCK + 4 * (4 * BLOCK + EMB),
+                        2 * (HEAD + 4 * BLOCK) + 4 * BLOCK + 4 * (4 * BLOCK + HEAD)]),
+    ("1f1b", False, 32, [2 * (EMB + 4 * BLOCK) + 4 * BLOCK + 4 * (4 * BLOCK + EMB),
+                         2 * (HEAD + 4 * BLOCK) + 4 * BLOCK + 4 * (4 * BLOCK + HEAD)]),
+    ("1f1b", True, 8, [2 * (EMB + 4 * BLOCK) + 4 * BLOCK + 4 * (4 * BLOCK + EMB),      # m = 1
+                       2 * (HEAD + 4 * BLOCK) + 4 * BLOCK + 4 * (4 * BLOCK + HEAD)]),
+    ("interleaved_1f1b", True, 32, [2 * (EMB + 4 * BLOCK) + 4 * BLOCK + 4 * (4 * BLOCK + EMB),
+                                    2 * (HEAD + 4 * BLOCK) + 4 * BLOCK + 4 * (4 * BLOCK + HEAD)]),
+]
+
+
+@pytest.mark.parametrize("schedule, raf, global_batch, buffers", MEMORY_PP_TABLE)
+def test_pipeline_memory_matches_the_hand_computed_table(schedule, raf, global_batch, buffers):
+    c = piped(schedule, raf, global_batch, layers=8)
+    mem = stage_memory(Consts.of(c), encode([c]))
+    assert [float(x) for x in mem["fsdp_buffers"][0]] == buffers
+    assert buffers[0] == 2 * 83_116_032 + 50_348_032 + 4 * 83_116_032     # 549,044,224 bytes on stage 0
+    # the same 8 layers without a pipeline hold 2 blocks with reshard_after_forward, and no gradients at m = 1
+    flat = cfg(raf=True, global_batch=8, model=dataclasses.replace(cfg().model, num_layers=8))
+    assert memory(flat)["fsdp_buffers"] == 2 * (ROOT + 2 * BLOCK) + 4 * BLOCK
