@@ -13,12 +13,13 @@ import pytest
 
 from orchestrator.__main__ import main
 from orchestrator.planner import (BatchConfig, ClusterSpec, Efficiency, FsdpDP, JobSpec, ModelSpec, ParallelConfig,
-                                  PipelineConfig, PlanConfig, ReplicateDP, TensorParallel, apply_params,
+                                  PipelineConfig, PlanConfig, ReplicateDP, TensorParallel,
                                   enumerate_space, predict)
 from orchestrator.planner.config import OptimizerSharding
 from orchestrator.planner.fsdp import gather_passes, pass_exposed
 from orchestrator.planner.knobs import Consts, encode
 from orchestrator.planner.memory import stage_memory
+from tests.unit._grid_check import grid_agrees_with_predict
 
 PRESET = Path(__file__).resolve().parents[2] / "search_spaces" / "preset-500b.yaml"
 
@@ -225,19 +226,7 @@ def test_enumerator_matches_planconfig_and_predict(pp):
                optimizer=OptimizerSharding(distributed=True))
     grid = enumerate_space(base, FSDP_SPACE)
     assert grid.n == 3 * (1 + 2 * 3) * (2 + 2 * 2) * 2
-    checked = {True: 0, False: 0}
-    for i in range(grid.n):
-        try:
-            c = apply_params(base, grid.params(i))
-        except ValueError:
-            assert not grid.valid[i], grid.params(i)
-            checked[False] += 1
-            continue
-        assert grid.valid[i], grid.params(i)
-        checked[True] += 1
-        p = predict(c)
-        assert grid.step_time_s[i] == pytest.approx(p.step_time_s, rel=1e-12)
-        assert grid.peak_memory_bytes[i] == pytest.approx(p.peak_memory_bytes, rel=1e-12)
+    checked = grid_agrees_with_predict(base, grid, range(grid.n))
     assert checked[True] > 50 and checked[False] > 10
 
 
