@@ -178,8 +178,8 @@ def test_failing_trials_are_recorded_and_the_sweep_goes_on(ray_address, sweep_fi
     }}
     path = sweep_file(space=space, baseline={"parallel.pp": 2, "batch.micro_batch_size": 2},
                       enqueue=[{"parallel.pp": 1, "batch.micro_batch_size": 4, "run.device": "cuda"}],
-                      resources={"world_size": 2, "cpus_per_rank": 1, "trial_timeout_s": 6})  # a run here is ~1 s
-    cfg = load_sweep(path, ["search.n_trials=7", "sampler.kind=random", "trainer.run.steps=30"])
+                      resources={"world_size": 2, "cpus_per_rank": 1, "trial_timeout_s": 10})  # a 12-step run: ~0.5 s idle
+    cfg = load_sweep(path, ["search.n_trials=7", "sampler.kind=random", "trainer.run.steps=12"])
     ledger = Ledger(cfg.results_dir / "trials.jsonl")
     hit: list[int] = []
     done = threading.Event()
