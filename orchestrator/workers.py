@@ -62,8 +62,12 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, temp_dir: str | 
             token.write_text(secrets.token_hex(32))
         os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report from an embedded, private Ray
+    # Ray starts its workers at nice 15 so they never starve its own daemons; here the workers are the measured
+    # ranks, and at nice 15 any other process on the machine preempts them and skews every step time (two
+    # nice-0 busy loops made a 1 s trial time out at 15 s). Nice 0: a fair share, like the driver's.
     ctx = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=dashboard, _temp_dir=str(temp),
-                   log_to_driver=False, configure_logging=True, logging_level="WARNING")
+                   log_to_driver=False, configure_logging=True, logging_level="WARNING",
+                   _system_config={"worker_niceness": 0})
     _quiet_raylet_errors()
     return ctx.address_info["gcs_address"]
 

@@ -321,3 +321,19 @@ def test_heartbeat_settings_are_checked_at_load(sweep_file, override, field):
     """Outcome: a heartbeat that could hand a live driver's study to another is refused, naming the field."""
     with pytest.raises(ValueError, match=field):
         load_sweep(sweep_file(), [override, "storage.heartbeat_interval_s=2"] if "grace" in field else [override])
+
+
+@pytest.mark.timeout(120)
+def test_ranks_of_the_embedded_ray_run_at_the_drivers_niceness(ray_address):
+    """Outcome: a measured rank is not a nice-15 Ray worker (Ray's default) that any other process on the
+    machine preempts: its niceness is the driver's."""
+    from orchestrator.workers import WorkerGroup
+
+    group = WorkerGroup(2, 1, 0, "PACK", "cpu", 60)
+    group.start()
+    try:
+        pids = [p["pid"] for p in group.placement]
+        nice = [int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16]) for pid in pids]
+    finally:
+        group.kill()
+    assert nice == [os.nice(0)] * 2, nice
