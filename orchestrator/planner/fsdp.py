@@ -77,7 +77,7 @@ from __future__ import annotations
 import numpy as np
 
 from .comm import all_gather_time, reduce_scatter_time
-from .knobs import Consts, Knobs, in_flight, stage_params, state_bytes
+from .knobs import Consts, Knobs, col, in_flight, stage_params, state_bytes
 
 
 def block_params(C: Consts) -> float:
@@ -92,7 +92,6 @@ def root_params(C: Consts, K: Knobs) -> np.ndarray:
 
 def gathered_blocks(C: Consts, K: Knobs) -> np.ndarray:
     """Blocks whose gathered parameters a stage holds at its peak (n, pp)."""
-    col = lambda x: x[:, None]  # noqa: E731
     in_flight_blocks = np.minimum(1 + np.maximum(col(K.prefetch), 1), K.layers)
     resharded = col(K.raf) & (C.p == 1)  # under a pipeline a backward leaves its block gathered to the step's end
     return np.where(resharded, in_flight_blocks, K.layers) * col(K.fsdp)
@@ -103,7 +102,6 @@ def gather_passes(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     ``up_front`` (torch's interleaved schedule unshards every chunk before the step's first pass),
     ``forward`` and ``backward`` (in those passes), ``per_step`` all three (pp = 1: 2m with
     reshard_after_forward, else m; pp > 1: m + 1, else 1)."""
-    col = lambda x: x[:, None]  # noqa: E731
     m, v, raf = col(K.m), col(K.v), col(K.raf)
     zero = 0 * K.layers
     if C.p == 1:
@@ -122,7 +120,6 @@ def buffer_bytes(C: Consts, K: Knobs) -> np.ndarray:
     """FSDP's unsharded buffers per stage (n, pp), bytes; zero for configs that do not run FSDP."""
     if not K.fsdp.any():  # the enumerator's usual case: keep it at full speed
         return np.zeros(K.layers.shape)
-    col = lambda x: x[:, None]  # noqa: E731
     weight_bytes, grad_bytes = state_bytes(C, K)
     p = block_params(C)
     gathered = weight_bytes * (root_params(C, K) + gathered_blocks(C, K) * p)
@@ -156,7 +153,6 @@ def fsdp_times(C: Consts, K: Knobs, f: np.ndarray, b: np.ndarray, bus: float,
     after the last backward, ``total`` all FSDP traffic of a step. ``f``, ``b``: one block's forward and
     backward compute (with TP and recompute) per microbatch; ``bus``: the dp group's bus bandwidth,
     bytes/s; ``fill_slack``: how long each stage waits for its first input (pp > 1)."""
-    col = lambda x: x[:, None]  # noqa: E731
     weight_bytes, grad_bytes = state_bytes(C, K)
     p, R = block_params(C), root_params(C, K)
     g = all_gather_time(C.d, weight_bytes * p, bus, C.lat_dp)

@@ -149,6 +149,11 @@ def encode(cfgs: Sequence[PlanConfig]) -> Knobs:
     )
 
 
+def col(x: np.ndarray) -> np.ndarray:
+    """A per-config vector (n,) as a column (n, 1), to broadcast against per-stage arrays (n, pp)."""
+    return x[:, None]
+
+
 def stage_params(C: Consts, K: Knobs) -> np.ndarray:
     """Parameters held per GPU of each stage, (n, pp).
 

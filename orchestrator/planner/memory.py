@@ -30,7 +30,7 @@ import dataclasses
 import numpy as np
 
 from .fsdp import buffer_bytes
-from .knobs import Consts, Knobs, chunk_layers, encode, in_flight, stage_params, stage_tensors, state_bytes
+from .knobs import Consts, Knobs, chunk_layers, col, encode, in_flight, stage_params, stage_tensors, state_bytes
 
 OPTIMIZER_BYTES = 12.0
 TORCH_ADAM_BYTES = 8.0
@@ -64,7 +64,6 @@ def stage_memory(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     """Per stage (n, pp) bytes by kind, their total, and per config the peak and whether it fits."""
     e = C.eff
     P = stage_params(C, K)
-    col = lambda x: x[:, None]  # noqa: E731
     # FSDP shards parameters and gradients too; the optimizer state follows its parameters (a step counter
     # per tensor stays whole on every rank).
     state_shard = np.where(col(K.fsdp), C.d, 1)

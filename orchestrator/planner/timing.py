@@ -34,7 +34,7 @@ import numpy as np
 from .comm import (all_gather_time, all_reduce_time, bucket_tail, bulk_overlap_exposed, bus_bandwidth,
                    exposed_after_slack, pipelined_overlap_exposed, reduce_scatter_time)
 from .fsdp import fsdp_times
-from .knobs import Consts, Knobs, recomputed_layers, stage_params, state_bytes
+from .knobs import Consts, Knobs, col, recomputed_layers, stage_params, state_bytes
 from .memory import ACTIVATION_SCALE
 
 TP_OPS_FWD = 4
@@ -131,7 +131,6 @@ def p2p_send(C: Consts, T: np.ndarray) -> np.ndarray:
 def stage_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     """Per stage, per microbatch (n, pp): forward, backward, recompute compute and TP comm seconds."""
     lc = layer_costs(C, K)
-    col = lambda x: x[:, None]  # noqa: E731
     Lk = K.layers.astype(float)
     last = np.zeros(C.p)
     last[-1] = 1.0
@@ -172,7 +171,6 @@ def dp_times(C: Consts, K: Knobs, F: np.ndarray, B: np.ndarray) -> dict[str, np.
     ahead of stage s) when overlap_param_gather is on, else they follow the optimizer step in full.
     """
     P = stage_params(C, K)
-    col = lambda x: x[:, None]  # noqa: E731
     zero = np.zeros_like(P)
     if C.d <= 1:
         return {"rs": zero[:, 0], "ag": zero[:, 0], "total": zero, "P": P}
