@@ -21,6 +21,7 @@ import yaml
 from orchestrator.planner import Calibration, ClusterSpec, Efficiency, calibrate
 from orchestrator.planner.calibrate import BOUNDS
 from orchestrator.record import TrialRecord, read_records
+from trainer.knobs import FsdpDP
 from trainer.result import Result
 
 PHASE_METRICS = {"forward": "forward_s", "backward": "backward_incl_recompute_s", "optimizer": "optimizer_s",
@@ -72,7 +73,7 @@ def ledger_records(lines: Sequence[TrialRecord], cluster: ClusterSpec, efficienc
         except ValueError as e:
             skipped.append((trial, str(e)))
             continue
-        if train_cfg.data_parallel.kind == "fsdp" and train_cfg.parallel.dp > 1:
+        if isinstance(train_cfg.data_parallel, FsdpDP) and train_cfg.parallel.dp > 1:
             skipped.append((trial, FSDP_NOT_FITTED))
             continue
         measured = {k: v for k, v in _measured(line.result).items() if k in metrics}
