@@ -123,10 +123,11 @@ FEASIBILITY_WHY = {
     "TT": "FSDP2 as transcribed (orchestrator/planner/fsdp.py: state sharded 18/d, gathered blocks, one reduce-scatter "
           "buffer): the assumed recompute or sequence length, or the activation model",
     "L3": "no recompute (stated) keeps every layer's activations (0.57 GB per layer at TP8 + SP) for the "
-          "interleaved warm-up's 2(p-1) + (v-1)p + 1 chunk passes on stage 0 (capped at m v), plus FSDP without "
-          "resharding (gathered blocks and the unsharded fp32 gradient accumulation, 22 GB); the paper's V = 8 "
-          "layout (not expressible, V = 2 here) would still hold about 127 layers' activations (hand estimate: "
-          "about 100 GB in all), and its deallocation of stage input/output tensors is not modelled",
+          "interleaved warm-up's 2(p-1) + (v-1)p + 1 = 143 chunk passes on stage 0 (V = 8), 112 of them through "
+          "a layer (the other 31 through the embedding-only chunk), plus FSDP without resharding (gathered "
+          "blocks and the unsharded fp32 gradient accumulation, 20 GB); the paper's deallocation of stage "
+          "input/output tensors and its own schedule (a configurable number of consecutive microbatches per "
+          "chunk) are not modelled",
 }
 
 

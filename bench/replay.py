@@ -391,9 +391,12 @@ def table(results: dict[str, list[SeedResult]], per_args: dict[str, Any], land: 
               f"true best in {100 * ceiling[0.02]:.0f}% of 2000 draws, within 5% in {100 * ceiling[0.05]:.0f}% "
               f"(`resolution()`): no sampler or winner rule judged against this landscape's medians can be expected "
               f"to do much better with 3-run medians."]
-    lines += ["", f"The planner does not model {len(ranking.not_modelled)} of "
-              f"{len(ranking.candidates)} configs (unequal interleaved chunks per rank); guided search leaves "
-              f"those to TPE.", ""]
+    missing = len(ranking.not_modelled)
+    lines += ["", (f"The planner does not model {missing} of {len(ranking.candidates)} configs "
+                   f"({next(iter(ranking.not_modelled.values()))}); guided search leaves those to TPE." if missing
+                   else f"The planner models all {len(ranking.candidates)} configs (since it prices model chunks "
+                        f"of unequal size; before, the 16 interleaved ones with unequal chunks per rank were left "
+                        f"to TPE)."), ""]
     return "\n".join(lines)
 
 

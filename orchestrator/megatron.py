@@ -99,24 +99,31 @@ def _pipeline_flags(pipe: PipelineConfig, pp: int, counts: list[int], add, notes
     if pipe.schedule == "gpipe":
         notes.append("not mapped: pipeline.schedule=gpipe; Megatron's non-interleaved pipeline always runs 1F1B "
                      "(same maths, less activation memory, different timing than the trial measured)")
-    if v > 1:
-        if len(set(counts)) == 1:
-            add("--num-layers-per-virtual-pipeline-stage", counts[0])
-        else:
-            notes.append(f"not mapped: pipeline.split with {v} virtual stages per rank gives uneven model chunks "
-                         f"{counts}; --num-layers-per-virtual-pipeline-stage needs equal chunks. Newer "
-                         f"Megatron-Core's --pipeline-model-parallel-layout can describe this split by hand")
-        return
     first, last = first_last(counts)
-    if first is None and last is None and len(set(counts)) > 1:
-        notes.append(f"not mapped: pipeline.split {counts} has uneven middle stages; Megatron's "
-                     f"--decoder-first/last-pipeline-num-layers need the stages between first and last equal. "
-                     f"Newer Megatron-Core's --pipeline-model-parallel-layout can describe it by hand")
-        return
-    if first is not None:
-        add("--decoder-first-pipeline-num-layers", first)
-    if last is not None:
-        add("--decoder-last-pipeline-num-layers", last)
+    if v > 1 and len(set(counts)) == 1:
+        add("--num-layers-per-virtual-pipeline-stage", counts[0])
+    elif v > 1 or 0 in counts or (first is None and last is None and len(set(counts)) > 1):
+        # The older flags cannot say this split (uneven chunks on a rank, an embedding- or loss-only chunk,
+        # uneven middle stages); Megatron-Core's layout string can, and implies the virtual stages.
+        add("--pipeline-model-parallel-layout", pipeline_layout(counts))
+        notes.append(f"converted: pipeline.split {counts} (layers per model chunk) -> "
+                     f"--pipeline-model-parallel-layout (Megatron-Core, marked experimental there; it sets "
+                     f"the virtual stages too)")
+    else:
+        if first is not None:
+            add("--decoder-first-pipeline-num-layers", first)
+        if last is not None:
+            add("--decoder-last-pipeline-num-layers", last)
+
+
+def pipeline_layout(counts: list[int]) -> str:
+    """Megatron-Core's --pipeline-model-parallel-layout for layers per model chunk in pipeline order (chunk c
+    on rank c % pp, as Megatron lists them): E (embedding) on the first, t per decoder layer, L (loss) on
+    the last, stages split by |; an empty stage is legal there."""
+    stages = ["t" * c for c in counts]
+    stages[0] = "E" + stages[0]
+    stages[-1] += "L"
+    return "|".join(stages)
 
 
 def first_last(counts: list[int]) -> tuple[int | None, int | None]:

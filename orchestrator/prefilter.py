@@ -58,9 +58,9 @@ def plan_for_trial(train_cfg: Any, cluster: ClusterSpec, efficiency: Efficiency 
     """The planner's view of a trainer config on ``cluster`` (its GPU count becomes the trial's pp x dp).
 
     The knob sections (batch, parallel, pipeline, recompute, data_parallel) are the trainer's own objects,
-    passed through: they mean the same to both. What the planner cannot represent (a rank holding model
-    chunks of unequal size) raises ValueError naming the field; ``mapping_notes`` lists the approximations
-    made for everything else.
+    passed through: they mean the same to both. What the planner cannot represent raises ValueError naming
+    the field (the pre-filter then launches the config unpredicted); ``mapping_notes`` lists the
+    approximations made for everything else.
     """
     m, par = train_cfg.model, train_cfg.parallel
     model = ModelSpec(num_layers=m.n_layers, hidden_size=m.d_model, num_heads=m.n_heads, ffn_hidden_size=m.ffn_dim,

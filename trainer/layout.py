@@ -80,8 +80,10 @@ def split_counts(n_layers: int, n_stages: int, *, explicit: tuple[int, ...] | No
     Exactly one of: balanced (no keyword), ``explicit`` counts per chunk, or ``first``/``last`` chunk
     counts (0 or None: balanced with the middle) with the other chunks equal (Megatron's
     decoder_first/last_pipeline_num_layers rule). Every layer lands in exactly one chunk and every chunk
-    gets at least one; anything else is an error naming the field, never a silent drop. The trainer, the
-    planner and the search space's ``layer_split`` all call this.
+    gets at least one, except that an ``explicit`` split may leave the first chunk with only the embedding
+    and the last with only the head and loss (0 layers: Llama 3's layout, Megatron's
+    ``--pipeline-model-parallel-layout E|t|...|L``); anything else is an error naming the field, never a
+    silent drop. The trainer, the planner and the search space's ``layer_split`` all call this.
     """
     if n_stages < 1:
         raise ValueError("the number of pipeline stages must be >= 1")
@@ -96,8 +98,13 @@ def split_counts(n_layers: int, n_stages: int, *, explicit: tuple[int, ...] | No
         counts = _first_last_counts(n_layers, n_stages, first or 0, last or 0)
     else:
         counts = _balanced_counts(n_layers, n_stages)
-    if any(c < 1 for c in counts):
-        raise ValueError(f"pipeline.split: gives a stage no layers ({counts}); every stage needs >= 1 layer")
+    ends_may_be_empty = explicit is not None and n_stages >= 2
+    inner = counts[1:-1] if ends_may_be_empty else counts
+    if any(c < 0 for c in counts) or any(c < 1 for c in inner):
+        raise ValueError(
+            f"pipeline.split: gives a stage no layers ({counts}); every stage needs >= 1 layer (only an explicit "
+            f"pipeline.split.layers may give the first chunk just the embedding, or the last just the head: 0)"
+        )
     if sum(counts) != n_layers:
         raise ValueError(
             f"pipeline.split.layers: {counts} sums to {sum(counts)} but model.n_layers={n_layers}: "

@@ -105,7 +105,7 @@ class PlanConfig:
                              "to data_parallel.kind fsdp, which gathers each block's parameters before its use "
                              "(prefetch and overlap: data_parallel.prefetch); set it to false")
         layout.check_schedule(self.pipeline.schedule, par.pp, self.pipeline.virtual_stages, self.microbatches)
-        rank_layers(model.num_layers, par.pp, self.pipeline.virtual_stages, self.pipeline.split)
+        rank_chunks(model.num_layers, par.pp, self.pipeline.virtual_stages, self.pipeline.split)
 
     @property
     def microbatches(self) -> int:
@@ -115,7 +115,12 @@ class PlanConfig:
     @property
     def stage_layers(self) -> list[int]:
         """Layers per pipeline RANK (the sum of its model chunks)."""
-        return rank_layers(self.model.num_layers, self.parallel.pp, self.pipeline.virtual_stages,
+        return [sum(c) for c in self.stage_chunks]
+
+    @property
+    def stage_chunks(self) -> list[list[int]]:
+        """Layers of each model chunk, per pipeline rank (``rank_chunks``)."""
+        return rank_chunks(self.model.num_layers, self.parallel.pp, self.pipeline.virtual_stages,
                            self.pipeline.split)
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,16 +128,14 @@ class PlanConfig:
         return dump(self)
 
 
-def rank_layers(num_layers: int, pp: int, virtual_stages: int, split: Split) -> list[int]:
-    """Layers per pipeline rank under the shared split rule (``trainer.layout.split_counts``, per chunk).
-
-    The planner prices a rank's chunks as equal (layers / virtual_stages each): a split that gives one
-    rank unequal chunks is not representable and raises (chunk c lives on rank c % pp).
-    """
+def rank_chunks(num_layers: int, pp: int, virtual_stages: int, split: Split) -> list[list[int]]:
+    """Layers of each model chunk a pipeline rank holds, per rank, under the shared split rule
+    (``trainer.layout.split_counts``; chunk c lives on rank c % pp). Chunks may differ in size, and an end
+    chunk may hold no layers (only the embedding, or only the head and loss: ``knobs.chunk_counts``)."""
     chunks = split.counts(num_layers, pp * virtual_stages)
-    sizes = [chunks[r::pp] for r in range(pp)]
-    if any(len(set(s)) > 1 for s in sizes):
-        raise ValueError(f"pipeline.virtual_stages: {virtual_stages} model chunks of unequal size on one rank "
-                         f"{sizes} (layers per chunk, per rank) under pipeline.split {split.kind}; the planner "
-                         f"gives each rank's chunks equal layers: change pipeline.virtual_stages or the split")
-    return [sum(s) for s in sizes]
+    return [chunks[r::pp] for r in range(pp)]
+
+
+def rank_layers(num_layers: int, pp: int, virtual_stages: int, split: Split) -> list[int]:
+    """Layers per pipeline rank: the sum of its model chunks (``rank_chunks``)."""
+    return [sum(c) for c in rank_chunks(num_layers, pp, virtual_stages, split)]

@@ -16,8 +16,8 @@ import numpy as np
 
 from trainer.knobs import BalancedSplit, FirstLastSplit, FsdpDP, ReplicateDP
 
-from .config import PlanConfig, rank_layers
-from .knobs import RC_CODE, SCHED_CODE, Consts, Knobs
+from .config import PlanConfig, rank_chunks
+from .knobs import RC_CODE, SCHED_CODE, Consts, Knobs, uneven_configs
 from .memory import stage_memory
 from .parse import KNOBS, knob_values
 from .timing import step_times
@@ -188,8 +188,8 @@ def _knobs(base: PlanConfig, cols: dict[str, np.ndarray], n: int) -> tuple[Knobs
     m = gbs // np.maximum(b * d, 1)
     sched = cols["pipeline.schedule"].astype(np.int64)
     v = np.where(sched == 2, cols["pipeline.virtual_stages"], 1).astype(np.int64)
-    layers, ok_split = _rank_layers(base, cols["pipeline.split.kind"], cols["pipeline.split.first"],
-                                    cols["pipeline.split.last"], v)
+    layers, uneven, chunks, ok_split = _rank_chunks(base, cols["pipeline.split.kind"], cols["pipeline.split.first"],
+                                                    cols["pipeline.split.last"], v)
     valid &= ok_split & (sched >= 0)
     valid &= np.where(sched == 2, (v >= 2) & (p >= 2) & (m % p == 0), True)
     rc = cols["recompute.kind"].astype(np.int64)
@@ -215,29 +215,33 @@ def _knobs(base: PlanConfig, cols: dict[str, np.ndarray], n: int) -> tuple[Knobs
                   opg=opg, dist=dist,
                   bucket_mb=np.maximum(bucket, 1e-9), grad_bytes=np.maximum(grad_bytes, 1.0), fsdp=fsdp,
                   raf=fsdp & cols["data_parallel.reshard_after_forward"].astype(bool),
-                  prefetch=np.where(fsdp, np.maximum(prefetch, 0), 0))
+                  prefetch=np.where(fsdp, np.maximum(prefetch, 0), 0), uneven=uneven, chunks=chunks)
     return knobs, valid
 
 
-def _rank_layers(base: PlanConfig, kind: np.ndarray, first: np.ndarray, last: np.ndarray, v: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Layers per rank (n, pp) and whether the split is valid, by the one split rule (``config.rank_layers``)
-    evaluated once per distinct (kind, first, last, virtual_stages)."""
+def _rank_chunks(base: PlanConfig, kind: np.ndarray, first: np.ndarray, last: np.ndarray, v: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Layers per rank (n, pp), the configs whose ranks hold chunks of unequal size and their layers per
+    chunk (``Knobs.uneven``, ``Knobs.chunks``), and whether the split is valid, by the one split rule
+    (``config.rank_chunks``) evaluated once per distinct (kind, first, last, virtual_stages)."""
     combos = np.stack([kind, first, last, v], axis=1).astype(np.int64)
     uniq, inverse = np.unique(combos, axis=0, return_inverse=True)
-    table = np.zeros((len(uniq), base.parallel.pp), dtype=np.int64)
+    table = np.zeros((len(uniq), base.parallel.pp, max(1, int(uniq[:, 3].max()) if len(uniq) else 1)), dtype=np.int64)
     ok = np.zeros(len(uniq), dtype=bool)
     for j, (k, f, la, vv) in enumerate(uniq.tolist()):
         if k not in (0, 1) or vv < 1:
             continue
         try:
             split = FirstLastSplit(f, la) if k == 1 else BalancedSplit()
-            table[j] = rank_layers(base.model.num_layers, base.parallel.pp, vv, split)
+            table[j, :, :vv] = rank_chunks(base.model.num_layers, base.parallel.pp, vv, split)
             ok[j] = True
         except ValueError:
             pass
     inverse = inverse.reshape(-1)
-    return table[inverse], ok[inverse]
+    uneven_combo = np.zeros(len(uniq), dtype=bool)
+    uneven_combo[uneven_configs(table, np.maximum(uniq[:, 3], 1))] = True
+    uneven = np.flatnonzero(uneven_combo[inverse])
+    return table.sum(axis=2)[inverse], uneven, table[inverse[uneven]], ok[inverse]
 
 
 def space_size(params: Mapping[str, Mapping[str, Any]], base: PlanConfig, float_points: int = 16) -> int:

@@ -113,6 +113,12 @@ class Knobs:
     """FSDP's reshard_after_forward."""
     prefetch: np.ndarray
     """FSDP's explicit prefetch depth (blocks)."""
+    uneven: np.ndarray | None = None
+    """Indices of the configs whose ranks hold model chunks of unequal size (None: none do). Every other
+    config's rank holds v chunks of ``layers`` / v layers."""
+    chunks: np.ndarray | None = None
+    """Layers of each model chunk per rank of the ``uneven`` configs, (len(uneven), pp, max v), zero past a
+    config's v."""
 
     @property
     def n(self) -> int:
@@ -139,6 +145,11 @@ def encode(cfgs: Sequence[PlanConfig]) -> Knobs:
             fsdp, fsdp and dp.reshard_after_forward, dp.prefetch if fsdp else 0,
         ))
     cols = list(zip(*rows))
+    chunks = np.zeros((len(cfgs), cfgs[0].parallel.pp, max(c.pipeline.virtual_stages for c in cfgs)), dtype=np.int64)
+    for k, cfg in enumerate(cfgs):
+        for r, sizes in enumerate(cfg.stage_chunks):
+            chunks[k, r, :len(sizes)] = sizes
+    uneven = uneven_configs(chunks, np.asarray([c.pipeline.virtual_stages for c in cfgs]))
     i = lambda k: np.asarray(cols[k], dtype=np.int64)  # noqa: E731
     bl = lambda k: np.asarray(cols[k], dtype=bool)  # noqa: E731
     return Knobs(
@@ -146,6 +157,7 @@ def encode(cfgs: Sequence[PlanConfig]) -> Knobs:
         rc=i(4), rc_block=bl(5), rc_n=i(6), sel_attn=bl(7), sel_mlp=bl(8), sel_norm=bl(9),
         ogr=bl(10), opg=bl(11), dist=bl(12), bucket_mb=np.asarray(cols[13], dtype=float),
         grad_bytes=np.asarray(cols[14], dtype=float), fsdp=bl(15), raf=bl(16), prefetch=i(17),
+        uneven=uneven, chunks=chunks[uneven],
     )
 
 
@@ -191,9 +203,27 @@ def stage_tensors(C: Consts, K: Knobs) -> np.ndarray:
     return T
 
 
-def chunk_layers(K: Knobs) -> np.ndarray:
-    """Layers per model chunk (a stage's layers over its virtual stages), (n, pp)."""
-    return K.layers // K.v[:, None]
+def uneven_configs(chunks: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Indices of the configs, given their layers per chunk per rank (n, pp, max v), whose ranks hold model
+    chunks of unequal size."""
+    live = np.arange(chunks.shape[2])[None, None, :] < v[:, None, None]
+    return np.flatnonzero(~np.where(live, chunks == chunks[:, :, :1], True).all(axis=(1, 2)))
+
+
+def chunk_passes(C: Consts, K: Knobs) -> np.ndarray:
+    """How many of ``in_flight``'s chunk passes each chunk of a rank has in flight, for the ``uneven``
+    configs, (len(uneven), pp, max v).
+
+    The schedules run a rank's chunks in groups of p microbatches, chunk 0 first (Megatron's
+    get_model_chunk_id: pass k runs chunk (k mod pv) div p), so the first F passes hold
+    R p + clip(F - R p v - j p, 0, p) passes of chunk j, R = F div (p v). With v = 1 that is F.
+    """
+    F = in_flight(C, K)[K.uneven][:, :, None]
+    v = K.v[K.uneven][:, None, None]
+    j = np.arange(K.chunks.shape[2])[None, None, :]
+    rounds = F // (C.p * v)
+    rest = F - rounds * C.p * v
+    return np.where(j < v, rounds * C.p + np.clip(rest - j * C.p, 0, C.p), 0)
 
 
 def in_flight(C: Consts, K: Knobs) -> np.ndarray:
@@ -212,7 +242,8 @@ def in_flight(C: Consts, K: Knobs) -> np.ndarray:
 
 def recomputed_layers(K: Knobs) -> np.ndarray:
     """Layers whose forward runs twice under full recompute, per stage (n, pp)."""
-    lc = chunk_layers(K)
-    block = K.v[:, None] * np.minimum(K.rc_n[:, None], lc)
+    block = K.v[:, None] * np.minimum(K.rc_n[:, None], K.layers // K.v[:, None])
+    if K.uneven is not None and len(K.uneven):
+        block[K.uneven] = np.minimum(K.rc_n[K.uneven, None, None], K.chunks).sum(axis=2)
     full = np.where(K.rc_block[:, None], block, K.layers)
     return np.where(K.rc[:, None] == 2, full, 0)

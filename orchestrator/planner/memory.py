@@ -30,7 +30,8 @@ import dataclasses
 import numpy as np
 
 from .fsdp import buffer_bytes
-from .knobs import Consts, Knobs, chunk_layers, col, encode, in_flight, stage_params, stage_tensors, state_bytes
+from .knobs import (Consts, Knobs, chunk_passes, col, encode, in_flight, stage_params, stage_tensors,
+                    state_bytes)
 
 OPTIMIZER_BYTES = 12.0
 TORCH_ADAM_BYTES = 8.0
@@ -60,6 +61,18 @@ def activation_bytes(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     return {"full": full, "selective": full - dropped, "ckpt": 2.0 * sb * C.h / rep * x}
 
 
+def _chunk_bytes(lc, rc, block, n, full, sel, ckpt) -> tuple[np.ndarray, np.ndarray]:
+    """(what one pass of an lc-layer model chunk keeps, the recompute working set while its backward runs),
+    broadcast over whatever shape the arguments share."""
+    lc = np.asarray(lc, dtype=float)
+    kept = np.minimum(n, lc)
+    per_pass = np.where(rc == 0, lc * full, np.where(rc == 1, lc * sel, np.where(
+        block, kept * ckpt + (lc - kept) * full, np.ceil(lc / np.maximum(n, 1.0)) * ckpt)))
+    # One recompute group's full activations exist at once while its backward runs.
+    working = np.where(rc == 2, np.where(block, full * (kept > 0), kept * full), 0.0)
+    return per_pass, working
+
+
 def stage_memory(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     """Per stage (n, pp) bytes by kind, their total, and per config the peak and whether it fits."""
     e = C.eff
@@ -70,20 +83,20 @@ def stage_memory(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     shard = np.where(col(K.dist | K.fsdp), C.d, 1)
     act = activation_bytes(C, K)
     full, sel, ckpt = col(act["full"]), col(act["selective"]), col(act["ckpt"])
-    lc = chunk_layers(K).astype(float)
-    n = col(K.rc_n).astype(float)
-    kept_block = np.minimum(n, lc)
-    uniform_chunk = np.ceil(lc / np.maximum(n, 1.0)) * ckpt
-    block_chunk = kept_block * ckpt + (lc - kept_block) * full
-    per_chunk = np.where(col(K.rc) == 0, lc * full, np.where(
-        col(K.rc) == 1, lc * sel, np.where(col(K.rc_block), block_chunk, uniform_chunk)))
-    # One recompute group's full activations exist at once while its backward runs.
-    working = np.where(col(K.rc) == 2, np.where(col(K.rc_block), full * (kept_block > 0), kept_block * full), 0.0)
     flight = in_flight(C, K).astype(float)
+    held, working = _chunk_bytes(K.layers // col(K.v), col(K.rc), col(K.rc_block), col(K.rc_n), full, sel, ckpt)
+    held = held * flight
+    if K.uneven is not None and len(K.uneven):
+        # Ranks with chunks of unequal size: each chunk's bytes, weighted by its passes in flight.
+        u = lambda x: x[K.uneven][:, :, None]  # noqa: E731
+        per_u, work_u = _chunk_bytes(K.chunks, u(col(K.rc)), u(col(K.rc_block)), u(col(K.rc_n)), u(full),
+                                     u(sel), u(ckpt))
+        held[K.uneven] = (chunk_passes(C, K) * per_u).sum(axis=2)
+        working[K.uneven] = work_u.max(axis=2)
     logits = np.zeros_like(P)
     head_copy = 2.0 * C.V * C.h / C.t if C.precision == "bf16_autocast" else 0.0
     logits[:, -1] = (4.0 * C.s * K.b * C.V / C.t + head_copy) * np.ceil(flight[:, -1] / K.v)
-    activations = (flight * per_chunk + working + logits) * e.mem_activation_factor
+    activations = (held + working + logits) * e.mem_activation_factor
     weight_bytes, grad_bytes = state_bytes(C, K)
     if C.precision == "mixed":
         optimizer = OPTIMIZER_BYTES * P / shard

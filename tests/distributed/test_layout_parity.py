@@ -28,6 +28,10 @@ WORLD2 = {
                                              "pipeline.split.first": 1, "recompute.kind": "selective",
                                              "recompute.modules": ["core_attn", "mlp"]},
     "pp2 microbatch 1": {"parallel.pp": 2, "batch.micro_batch_size": 1},
+    # Llama 3's layout: an embedding-only first chunk and a head-and-loss-only last chunk.
+    "pp2 interleaved v2, empty end chunks": {"parallel.pp": 2, "pipeline.schedule": "interleaved_1f1b",
+                                             "pipeline.virtual_stages": 2, "pipeline.split.kind": "explicit",
+                                             "pipeline.split.layers": [0, 2, 2, 0]},
 }
 WORLD4 = {
     "pp2 dp2 replicate 1f1b": {"parallel.pp": 2, "parallel.dp": 2, "batch.micro_batch_size": 1},

@@ -81,16 +81,27 @@ TABLE = [
                  [], [], id="explicit-three-stages"),
     pytest.param({"model.n_layers": 10, "parallel.pp": 4, "pipeline.split.kind": "explicit",
                   "pipeline.split.layers": [1, 2, 3, 4]},
-                 {}, ["--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"],
-                 ["not mapped: pipeline.split [1, 2, 3, 4]"], id="explicit-uneven-middle"),
+                 {"--pipeline-model-parallel-layout": ["Et|tt|ttt|ttttL"]},
+                 ["--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"],
+                 ["converted: pipeline.split [1, 2, 3, 4]"], id="explicit-uneven-middle"),
     pytest.param({"model.n_layers": 8, "parallel.pp": 2, "pipeline.schedule": "interleaved_1f1b",
                   "pipeline.virtual_stages": 2},
                  {"--num-layers-per-virtual-pipeline-stage": ["2"]}, ["--decoder-first-pipeline-num-layers"], [],
                  id="interleaved-uniform"),
     pytest.param({"model.n_layers": 8, "parallel.pp": 2, "pipeline.schedule": "interleaved_1f1b",
                   "pipeline.virtual_stages": 2, "pipeline.split.kind": "explicit", "pipeline.split.layers": [1, 3, 2, 2]},
-                 {}, ["--num-layers-per-virtual-pipeline-stage"], ["not mapped: pipeline.split with 2 virtual"],
-                 id="interleaved-uneven"),
+                 {"--pipeline-model-parallel-layout": ["Et|ttt|tt|ttL"]}, ["--num-layers-per-virtual-pipeline-stage"],
+                 ["converted: pipeline.split [1, 3, 2, 2]"], id="interleaved-uneven"),
+    # Llama 3's layout: the first chunk holds only the embedding, the last only the loss (empty stages).
+    pytest.param({"model.n_layers": 4, "parallel.pp": 2, "pipeline.schedule": "interleaved_1f1b",
+                  "pipeline.virtual_stages": 2, "pipeline.split.kind": "explicit", "pipeline.split.layers": [0, 2, 2, 0]},
+                 {"--pipeline-model-parallel-layout": ["E|tt|tt|L"]},
+                 ["--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers"], [],
+                 id="interleaved-empty-ends"),
+    pytest.param({"model.n_layers": 4, "parallel.pp": 2, "pipeline.split.kind": "explicit",
+                  "pipeline.split.layers": [0, 4]},
+                 {"--pipeline-model-parallel-layout": ["E|ttttL"]}, ["--decoder-first-pipeline-num-layers"], [],
+                 id="embedding-only-stage"),
     pytest.param({"parallel.pp": 2, "pipeline.schedule": "gpipe"}, {"--pipeline-model-parallel-size": ["2"]}, [],
                  ["not mapped: pipeline.schedule=gpipe"], id="gpipe"),
     pytest.param({"run.precision": "bf16"}, {"--bf16": [], "--accumulate-allreduce-grads-in-fp32": []}, [],
@@ -140,6 +151,11 @@ def test_megatron_invariants_over_the_table():
             assert "--recompute-method" not in args
         if "--num-layers-per-virtual-pipeline-stage" in args:
             assert "--decoder-first-pipeline-num-layers" not in args
+        if "--pipeline-model-parallel-layout" in args:  # the layout replaces every other split flag
+            assert not {"--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
+                        "--decoder-last-pipeline-num-layers"} & set(args)
+            layout = flag(args, "--pipeline-model-parallel-layout")[0]
+            assert layout.count("t") == int(flag(args, "--num-layers")[0])
         assert len(args) == len(set(a for a in args if a.startswith("--"))) + sum(
             1 for a in args if not a.startswith("--")), "a flag appears twice"
 
@@ -148,7 +164,7 @@ def test_megatron_invariants_over_the_table():
 # mapping depends on the option). A new TrainConfig field fails this test until someone decides its
 # Megatron mapping.
 SPLIT = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-         "--num-layers-per-virtual-pipeline-stage", "not mapped: pipeline.split", "--pipeline-model-parallel-size")
+         "--num-layers-per-virtual-pipeline-stage", "--pipeline-model-parallel-layout", "--pipeline-model-parallel-size")
 CARRIED = {
     "model.vocab_size": "--vocab-size", "model.n_layers": "--num-layers", "model.d_model": "--hidden-size",
     "model.n_heads": "--num-attention-heads", "model.d_ff": "--ffn-hidden-size", "model.seq_len": "--seq-length",
@@ -394,9 +410,9 @@ def _plan(**overrides) -> dict:
     # first/last count layers per model chunk (16 chunks: 5, 14 x 6, 7): uneven chunks, as for the trainer.
     pytest.param({"pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 2,
                   "pipeline.split": {"kind": "first_last", "first": 5, "last": 7}},
-                 {}, ["--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers"],
-                 ["not mapped: pipeline.split with 2 virtual stages per rank gives uneven model chunks"],
-                 id="uneven-interleaved"),
+                 {"--pipeline-model-parallel-layout": ["|".join(["Ettttt"] + ["tttttt"] * 14 + ["tttttttL"])]},
+                 ["--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers"],
+                 ["converted: pipeline.split [5, 6, 6"], id="uneven-interleaved"),
     pytest.param({"pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 3},
                  {"--num-layers-per-virtual-pipeline-stage": ["4"]}, ["--decoder-first-pipeline-num-layers"], [],
                  id="interleaved"),

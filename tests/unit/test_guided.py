@@ -95,9 +95,11 @@ def test_planner_fields_for_the_ledger(world):
     p = guided.planner_fields(sampler, land.rows[params]["params"], {"step_time_s": 0.1}, 5)["planner"]
     assert p["predicted_step_time_s"] > 0 and p["error_pct"] == pytest.approx(
         100 * (p["predicted_step_time_s"] - 0.1) / 0.1)
-    missing = next(iter(ranking.not_modelled))  # interleaved, unequal chunks per rank: TPE's, not the planner's
-    assert "unequal" in guided.planner_fields(sampler, land.rows[missing]["params"], {}, 6)["planner"][
-        "not_modelled"]
+    # Interleaved splits with unequal chunks per rank were the space's not-modelled configs; the planner
+    # prices them now, so every candidate has a plan and a config outside the space says why it has none.
+    assert not ranking.not_modelled and len(ranking.plans) == len(ranking.candidates)
+    outside = {**land.rows[params]["params"], "batch.micro_batch_size": 3}
+    assert guided.planner_fields(sampler, outside, {}, 6)["planner"]["not_modelled"] == "not a candidate of the space"
     assert guided.planner_fields(optuna.samplers.TPESampler(), {}, {}) == {}
 
 

@@ -18,6 +18,9 @@ from trainer import layout
     (8, 4, {"first": 2, "last": 0}, [[0, 1], [2, 3], [4, 5], [6, 7]]),
     (10, 4, {"first": 2, "last": 2}, [[0, 1], [2, 3, 4], [5, 6, 7], [8, 9]]),
     (4, 2, {"first": 1, "last": 3}, [[0], [1, 2, 3]]),
+    # Llama 3's layout: the first chunk holds only the embedding, the last only the head and loss.
+    (4, 6, {"explicit": (0, 1, 1, 1, 1, 0)}, [[], [0], [1], [2], [3], []]),
+    (4, 2, {"explicit": (0, 4)}, [[], [0, 1, 2, 3]]),
 ])
 def test_split_layers(n_layers, n_stages, kw, expected):
     stages = layout.layer_ranges(layout.split_counts(n_layers, n_stages, **kw))
@@ -30,7 +33,9 @@ def test_split_layers(n_layers, n_stages, kw, expected):
     (3, 4, {}, "model.n_layers"),
     (4, 2, {"explicit": (1, 2)}, "pipeline.split.layers"),
     (4, 2, {"explicit": (1, 2, 1)}, "pipeline.split.layers"),
-    (4, 2, {"explicit": (0, 4)}, "pipeline.split"),
+    (4, 3, {"explicit": (2, 0, 2)}, "pipeline.split"),  # only the end chunks may hold no layers
+    (4, 1, {"explicit": (0,)}, "pipeline.split"),
+    (4, 2, {"explicit": (-1, 5)}, "pipeline.split"),
     (9, 4, {"first": 2, "last": 2}, "pipeline.split"),  # 5 layers over 2 middle stages
     (4, 1, {"first": 1}, "pipeline.split.first"),
     (4, 2, {"first": -1}, "pipeline.split.first"),
@@ -105,6 +110,7 @@ def test_recompute_groups(ids, method, n, expected):
     (6, 2, {"first": 2, "last": 4}, [2, 4]),
     (16, 16, {}, [1] * 16),
     (6, 3, {"explicit": (1, 3, 2)}, [1, 3, 2]),
+    (126, 128, {"explicit": (0,) + (1,) * 126 + (0,)}, [0] + [1] * 126 + [0]),
 ])
 def test_split_counts_table(n_layers, n_chunks, kw, expected):
     assert layout.split_counts(n_layers, n_chunks, **kw) == expected

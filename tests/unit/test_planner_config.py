@@ -11,8 +11,8 @@ import yaml
 
 from orchestrator.planner import (FirstLastSplit, FullRecompute, NoRecompute, PlanConfig, SelectiveRecompute,
                                   apply_params, knob_values, plan_config_from_dict, plan_config_to_dict)
-from orchestrator.planner.config import rank_layers
-from trainer.knobs import BalancedSplit
+from orchestrator.planner.config import rank_chunks, rank_layers
+from trainer.knobs import BalancedSplit, ExplicitSplit
 from trainer import knobs, layout
 from trainer.config import TrainConfig
 
@@ -59,7 +59,7 @@ def test_preset_parses_and_round_trips(preset, base):
     ("batch", {"micro_batch_size": 7}, "planner.batch.micro_batch_size"),
     ("pipeline", {"schedule": "zb"}, "planner.pipeline.schedule"),
     ("pipeline", {"schedule": "1f1b", "virtual_stages": 2}, "planner.pipeline.virtual_stages"),
-    ("pipeline", {"schedule": "interleaved_1f1b", "virtual_stages": 5}, "planner.pipeline.virtual_stages"),
+    ("pipeline", {"schedule": "interleaved_1f1b", "virtual_stages": 0}, "planner.pipeline.virtual_stages"),
     ("pipeline", {"split": {"kind": "first_last", "first": 10, "last": 9}}, "planner.pipeline.split.first"),
     ("pipeline", {"split": {"kind": "uneven"}}, "planner.pipeline.split.kind"),
     ("efficiency", {"matmul_eff": 1.5}, "planner.efficiency.matmul_eff"),
@@ -95,7 +95,7 @@ def test_unknown_section_and_shorthand(preset):
     ({"recompute.num_layers": 0}, "recompute.num_layers"),
     ({"recompute.kind": "full", "recompute.method": "zigzag"}, "recompute.method"),
     ({"recompute.kind": "sometimes"}, "recompute.kind"),
-    ({"pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 5}, "pipeline.virtual_stages"),
+    ({"pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 0}, "pipeline.virtual_stages"),
     ({"pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 2, "batch.micro_batch_size": 2},
      "pipeline.schedule"),   # 12 microbatches is not a multiple of pp=8 (Megatron's rule)
     ({"pipeline.split.kind": "first_last", "pipeline.split.first": 9}, "pipeline.split.first"),  # 87 over 7
@@ -164,10 +164,16 @@ def test_every_layer_on_exactly_one_rank(num_layers, pp):
         assert rank_layers(num_layers, pp, 1, BalancedSplit()) == layout.split_counts(num_layers, pp)
 
 
-def test_interleaved_ranks_need_equal_chunks():
-    assert rank_layers(96, 8, 3, BalancedSplit()) == [12] * 8          # 24 chunks of 4
-    with pytest.raises(ValueError, match="^pipeline.virtual_stages: 5 model chunks of unequal size"):
-        rank_layers(96, 8, 5, BalancedSplit())                          # 40 chunks: 2 or 3 layers
+def test_ranks_may_hold_chunks_of_unequal_size():
+    assert rank_layers(96, 8, 3, BalancedSplit()) == [12] * 8           # 24 chunks of 4
+    # 40 chunks of 2 or 3 layers: each rank holds the chunks c = r, r + 8, ... of the one split rule.
+    counts = layout.split_counts(96, 40)
+    assert rank_chunks(96, 8, 5, BalancedSplit()) == [counts[r::8] for r in range(8)]
+    assert sum(rank_layers(96, 8, 5, BalancedSplit())) == 96
+    # Llama 3's layout: an embedding-only first chunk and a loss-only last chunk, one layer in every other.
+    llama = ExplicitSplit((0,) + (1,) * 126 + (0,))
+    assert rank_layers(126, 16, 8, llama) == [7] + [8] * 14 + [7]
+    assert rank_chunks(126, 16, 8, llama)[0] == [0] + [1] * 7 and rank_chunks(126, 16, 8, llama)[15] == [1] * 7 + [0]
 
 
 def test_baseline_lies_within_the_space(preset, base):

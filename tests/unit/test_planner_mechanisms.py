@@ -60,3 +60,37 @@ def test_sequence_parallelism_splits_the_replicated_elementwise_work():
     assert dataclasses.replace(Efficiency(), elementwise_bw_eff=0.5).elementwise_bw_eff == 0.5
     with pytest.raises(ValueError, match="elementwise_bw_eff"):
         Efficiency(elementwise_bw_eff=0.0)
+
+
+def _chunked(layers: tuple[int, ...], **rc) -> PlanConfig:
+    from trainer.knobs import ExplicitSplit, FullRecompute, PipelineConfig
+
+    return dataclasses.replace(
+        _cfg(sp=True), batch=BatchConfig(global_batch=4, micro_batch_size=1),
+        pipeline=PipelineConfig(schedule="interleaved_1f1b", virtual_stages=2, split=ExplicitSplit(layers)),
+        **({"recompute": FullRecompute(**rc)} if rc else {}))
+
+
+def test_activations_follow_the_layers_of_the_chunk_passes_in_flight():
+    """pp 2, v 2, m 4, chunks [0, 2, 2, 0] (Llama 3's empty end chunks): rank 0 holds chunks 0 and 2 (0 and 2
+    layers), rank 1 chunks 1 and 3 (2 and 0). Passes run chunk (k mod 4) div 2: rank 0 has 2(p-1) + (v-1)p + 1
+    = 5 in flight (chunk 0 three times, chunk 1 twice: 4 layers), rank 1 has 3 (chunk 0 twice, chunk 1 once:
+    4 layers). Equal chunks [1, 1, 1, 1] hold 5 and 3 layers."""
+    from orchestrator.planner.knobs import chunk_passes
+    from orchestrator.planner.memory import activation_bytes, stage_memory
+
+    for layers, held in [((0, 2, 2, 0), [4, 4]), ((1, 1, 1, 1), [5, 3])]:
+        cfg = _chunked(layers)
+        C, K = Consts.of(cfg), encode([cfg])
+        if layers[0] == 0:  # the uneven config's passes per chunk; equal chunks take the plain count
+            assert K.uneven.tolist() == [0] and chunk_passes(C, K)[0].tolist() == [[3, 2], [2, 1]]
+        else:
+            assert K.uneven.tolist() == []
+        full = activation_bytes(C, K)["full"][0]
+        logits = stage_memory(C, K)["activations"][0] - [h * full for h in held]
+        assert logits[0] == 0 and logits[1] > 0  # only the last stage adds its fp32 logits
+    # Block recompute counts each chunk's own layers: min(1, 0) + min(1, 2) on either rank.
+    from orchestrator.planner.knobs import recomputed_layers
+
+    cfg = _chunked((0, 2, 2, 0), method="block", num_layers=1)
+    assert recomputed_layers(encode([cfg])).tolist() == [[1, 1]]
