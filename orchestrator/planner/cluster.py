@@ -7,7 +7,7 @@ properties give plain SI values to the formulas.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .checks import check_bool, check_choice, check_int, check_num, prefixed
 
@@ -70,6 +70,63 @@ class ClusterSpec:
 
 
 @dataclass(frozen=True)
+class ElementwiseBytes:
+    """HBM bytes per element that a layer's memory-bound elementwise kernels move, with 16-bit activations
+    (fp32 activations move twice these). The defaults are Megatron's fused kernels; a stack that runs them
+    unfused states its own (``eager_llama`` counts torchtitan's eager Llama block)."""
+
+    forward_h: float = 22.0
+    """Per element of the h-wide activation, forward: 2 LayerNorms (read x, write y: 4 each) and 2 fused
+    bias-dropout-adds (read input and residual, write output and a 1-byte mask: 7 each)."""
+    backward_h: float = 34.0
+    """The same, backward: 2 LayerNorms (read x and dy, write dx: 6), 2 bias-dropout-adds (read dy and mask,
+    write dx: 5) and the 2 residual-gradient sums (read 2, write 1: 6)."""
+    forward_ffn: float = 4.0
+    """Per element of the ffn-wide MLP activation, forward: the fused bias-GeLU reads and writes it."""
+    backward_ffn: float = 6.0
+    """The same, backward: read input and dy, write dx."""
+
+    def __post_init__(self) -> None:
+        with prefixed("model.elementwise"):
+            for f in ("forward_h", "backward_h", "forward_ffn", "backward_ffn"):
+                check_num(self, f, lo=0.0)
+
+
+RMSNORM_EAGER = (36.0, 64.0)
+"""Bytes per element, forward and backward, of torchtitan's python RMSNorm on a bf16 tensor (x.float(): 2 + 4;
+pow: 4 + 4; mean: 4; x * rsqrt: 4 + 4; type_as: 4 + 2; * weight: 2 + 2), and its autograd mirror (the weight
+product's two gradients 8, the casts 6 each, the rsqrt product's two 8 each, mean's expand 4, pow's 12, and the
+sum of the two paths into dx 12)."""
+ADD_EAGER = (6.0, 6.0)
+"""A residual add (read 2, write 1) and, backward, the sum of the two gradient paths into the residual stream."""
+ROPE_EAGER = (20.0, 20.0)
+"""Rotary embedding in complex fp32 per element of q and k: x.float() 2 + 4, the complex product 4 + 4,
+type_as 4 + 2; its backward the same."""
+COPY_EAGER = 4.0
+"""A contiguous copy of a bf16 tensor (read 2, write 2): the attention output's transpose back, each way."""
+SWIGLU_EAGER = (10.0, 18.0)
+"""Per element of the gated width: silu (2 + 2) and the product (read 4, write 2); backward the product's two
+gradients (12) and silu's (read input and dy, write dx: 6)."""
+
+
+def eager_llama(hidden: int, kv_width: int, gated_ffn: int, ffn: int) -> ElementwiseBytes:
+    """torchtitan's Llama block run eagerly (``compile = false``, ``norm_type = rmsnorm``): one kernel per op.
+
+    Per element of h: 2 RMSNorms, 2 residual adds, RoPE on q (h) and k (``kv_width``), the attention output's
+    transpose copy, and repeat_kv's k and v copies when there are fewer KV heads; per element of the planner's
+    equivalent MLP width ``ffn``: SwiGLU on ``gated_ffn`` elements. Dropout is off in these runs (no masks).
+    """
+    kv = kv_width / hidden
+    # k and v each: read kv_width elements, write h (backward: the reverse), 2 bytes each way.
+    repeat = 2 * (2 * kv + 2) if kv_width < hidden else 0.0
+    fwd_h = 2 * RMSNORM_EAGER[0] + 2 * ADD_EAGER[0] + ROPE_EAGER[0] * (1 + kv) + COPY_EAGER + repeat
+    bwd_h = 2 * RMSNORM_EAGER[1] + 2 * ADD_EAGER[1] + ROPE_EAGER[1] * (1 + kv) + COPY_EAGER + repeat
+    g = gated_ffn / ffn
+    return ElementwiseBytes(forward_h=fwd_h, backward_h=bwd_h, forward_ffn=SWIGLU_EAGER[0] * g,
+                            backward_ffn=SWIGLU_EAGER[1] * g)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """A dense GPT decoder (Megatron's GPT: pre-LayerNorm blocks, MHA, two-matrix MLP, separate LM head)."""
 
@@ -95,6 +152,9 @@ class ModelSpec:
     position_embeddings: int = 0
     """Rows of a learned absolute position table held with the input embedding on the first stage
     (GPT-2 style; the steptune trainer uses seq_len rows); 0 for rotary or no position parameters."""
+    elementwise: ElementwiseBytes = field(default_factory=ElementwiseBytes)
+    """HBM bytes per element of the layer's elementwise kernels (LayerNorm, activation, residual): Megatron's
+    fused kernels by default; an eager PyTorch stack moves several times more."""
 
     def __post_init__(self) -> None:
         with prefixed("model"):

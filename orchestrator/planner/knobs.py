@@ -13,6 +13,7 @@ import numpy as np
 
 from trainer.knobs import FsdpDP, FullRecompute, ReplicateDP, SelectiveRecompute, TorchDDP
 
+from .cluster import ElementwiseBytes
 from .config import PlanConfig
 
 SCHED_CODE = {"gpipe": 0, "1f1b": 1, "interleaved_1f1b": 2}
@@ -60,6 +61,8 @@ class Consts:
     """NIC bytes/s per GPU (raw)."""
     tp_overlap: bool = False
     """Megatron's TP communication overlap is on (tensor_parallel.comm_overlap, tp > 1)."""
+    ew: ElementwiseBytes = ElementwiseBytes()
+    """Bytes per element of the layer's elementwise kernels (model.elementwise)."""
 
     @classmethod
     def of(cls, cfg: PlanConfig, eff: object | None = None) -> "Consts":
@@ -83,7 +86,7 @@ class Consts:
             num_gpus=c.num_gpus, eff=e, precision=cfg.job.precision, pos_rows=m.position_embeddings,
             matmul_per_layer=m.matmul_params_per_layer, tensors_per_layer=m.tensors_per_layer,
             gpus_per_node=gpn, intra_bw=intra[0], inter_bw=inter[0],
-            tp_overlap=cfg.tensor_parallel.comm_overlap and tp > 1,
+            tp_overlap=cfg.tensor_parallel.comm_overlap and tp > 1, ew=m.elementwise,
         )
 
 

@@ -7,8 +7,8 @@ Sources, per formula (also in docs/planner.md):
   Clusters Using Megatron-LM"), Appendix / eq. 3. Backward = 2x forward (same paper). Causal fused
   attention skips half the score FLOPs and its backward is 2.5x its forward (Dao 2023, FlashAttention-2).
 * Elementwise kernels (LayerNorm, bias-dropout-add, GeLU, residual-gradient sums) are memory-bound: their
-  bytes (EW_* below) at HBM bandwidth x elementwise_bw_eff; the h-wide ones are replicated over TP without
-  sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2).
+  bytes (model.elementwise: cluster.ElementwiseBytes) at HBM bandwidth x elementwise_bw_eff; the h-wide
+  ones are replicated over TP without sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2).
 * LM head: 2 b s V h forward (Narayanan et al. eq. 3's V/(16 l h) term), on the last stage only.
 * Collectives, alpha-beta ring model: reduce-scatter and all-gather move (n-1)/n of the buffer per GPU,
   all-reduce 2(n-1)/n; each costs (n-1) hops of latency (Patarasuk & Yuan 2009; Thakur et al. 2005).
@@ -44,15 +44,6 @@ ATTN_BWD_UNFUSED = 2.0
 ADAM_BYTES = 26.0
 """HBM bytes an Adam step moves per (sharded) parameter besides the gradient read: fp32 master, m, v
 read and written (24) and the bf16 parameter written back (2)."""
-EW_FWD_H, EW_BWD_H = 22.0, 34.0
-"""HBM bytes per element of the h-wide activation that a layer's elementwise kernels move (Megatron's fused
-kernels, bf16 = 2 bytes, 1-byte dropout mask). Forward: 2 LayerNorms (read x, write y: 4 each) and 2
-bias-dropout-adds (read input and residual, write output and mask: 7 each). Backward: 2 LayerNorms (read x
-and dy, write dx: 6), 2 bias-dropout-adds (read dy and mask, write dx: 5) and the 2 residual-gradient sums
-(read 2, write 1: 6). fp32 activations (job.precision fp32) move twice these bytes."""
-EW_FWD_F, EW_BWD_F = 4.0, 6.0
-"""The same per element of the ffn-wide MLP activation: fused bias-GeLU reads and writes it (4); its
-backward reads input and dy and writes dx (6)."""
 TORCH_ADAM_BYTES = 24.0
 """The same for torch AdamW on fp32 parameters: the parameter, m and v, each read and written."""
 
@@ -79,8 +70,8 @@ def layer_costs(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     # splits them (Korthikanti et al. 2022, Sec. 4.2.2); the MLP activation is always split.
     rep = 1.0 / C.t if C.sp else 1.0
     hbm = C.hbm_bw * e.elementwise_bw_eff / ACTIVATION_SCALE[C.precision]  # fp32 activations move twice the bytes
-    ew_f = (EW_FWD_H * T * C.h * rep + EW_FWD_F * T * C.ffn / C.t) / hbm
-    ew_b = (EW_BWD_H * T * C.h * rep + EW_BWD_F * T * C.ffn / C.t) / hbm
+    ew_f = (C.ew.forward_h * T * C.h * rep + C.ew.forward_ffn * T * C.ffn / C.t) / hbm
+    ew_b = (C.ew.backward_h * T * C.h * rep + C.ew.backward_ffn * T * C.ffn / C.t) / hbm
     f_tp, b_tp, mlp_tp = tp_exposed(C, T, eta)
     return {
         "f_comp": gemm + attn + ovh + ew_f,

@@ -94,3 +94,34 @@ def test_activations_follow_the_layers_of_the_chunk_passes_in_flight():
 
     cfg = _chunked((0, 2, 2, 0), method="block", num_layers=1)
     assert recomputed_layers(encode([cfg])).tolist() == [[1, 1]]
+
+
+def test_eager_llama_elementwise_bytes_by_hand():
+    """torchtitan's eager Llama 3 8B block (h 4096, 8 KV heads of 128, SwiGLU 14,336; the planner's equivalent
+    MLP width 18,432), per element of h: 2 RMSNorms 2 x 36 forward / 2 x 64 backward, 2 residual adds 6 / 6,
+    RoPE on q and k 20 x 1.25, the attention output's copy 4, repeat_kv's k and v 2 x (2 x 0.25 + 2);
+    per element of the equivalent width, SwiGLU's 10 / 18 bytes per gated element x 14,336 / 18,432."""
+    from orchestrator.planner.cluster import ElementwiseBytes, eager_llama
+
+    ew = eager_llama(4096, 1024, 14336, 18432)
+    assert ew.forward_h == pytest.approx(72 + 12 + 25 + 4 + 5)
+    assert ew.backward_h == pytest.approx(128 + 12 + 25 + 4 + 5)
+    assert ew.forward_ffn == pytest.approx(10 * 14336 / 18432) and ew.backward_ffn == pytest.approx(18 * 14336 / 18432)
+    # Without grouped KV heads there is no repeat_kv copy.
+    assert eager_llama(4096, 4096, 14336, 20480).forward_h == pytest.approx(72 + 12 + 40 + 4)
+    with pytest.raises(ValueError, match="model.elementwise.backward_h"):
+        ElementwiseBytes(backward_h=-1.0)
+
+
+def test_elementwise_bytes_are_what_the_layer_moves():
+    """The layer's elementwise time is model.elementwise's bytes at HBM x elementwise_bw_eff: doubling every
+    byte count doubles exactly that part of the forward and backward."""
+    from orchestrator.planner.cluster import ElementwiseBytes
+
+    base = _cfg(sp=True)
+    double = dataclasses.replace(base, model=dataclasses.replace(
+        base.model, elementwise=ElementwiseBytes(forward_h=44.0, backward_h=68.0, forward_ffn=8.0, backward_ffn=12.0)))
+    a, b = _lc(base), _lc(double)
+    per_byte = 1 / (2039e9 * 0.8)
+    assert b["f_comp"] - a["f_comp"] == pytest.approx((22 * T * H / TP + 4 * T * F / TP) * per_byte, rel=1e-9)
+    assert b["b_comp"] - a["b_comp"] == pytest.approx((34 * T * H / TP + 6 * T * F / TP) * per_byte, rel=1e-9)

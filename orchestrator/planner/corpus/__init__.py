@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from ..cluster import Efficiency
+from ..cluster import Efficiency, eager_llama
 from ..config import PlanConfig
 from ..parse import plan_config_from_dict
 
@@ -79,11 +79,21 @@ def row_planner_dict(r: Mapping[str, Any], eff: Efficiency) -> dict[str, Any]:
         # `split: {layers: [...]}` lists every model chunk (pipeline order); `{first, last}` sets the end chunks.
         kind = "explicit" if "layers" in r["split"] else "first_last"
         pipeline["split"] = {"kind": kind, **r["split"]}
+    model = {"num_layers": r["layers"], "hidden_size": r["hidden"], "num_heads": r["heads"],
+             "ffn_hidden_size": equivalent_ffn(r), "vocab_size": r["vocab"], "tied_embeddings": r["tied"],
+             "flash_attention": r["flash"], "linear_biases": r["biases"]}
+    kernels = r.get("kernels", "fused")
+    if kernels == "eager":  # torchtitan without torch.compile: one kernel per elementwise op
+        if "gated_ffn" not in r:
+            raise ValueError(f"corpus row {r['id']}: kernels eager is counted for a Llama block (gated_ffn)")
+        kv_width = r.get("kv_heads", r["heads"]) * (r["hidden"] // r["heads"])
+        model["elementwise"] = dataclasses.asdict(
+            eager_llama(r["hidden"], kv_width, r["gated_ffn"], model["ffn_hidden_size"]))
+    elif kernels != "fused":
+        raise ValueError(f"corpus row {r['id']}: kernels must be fused or eager, got {kernels!r}")
     return {
         "cluster": {**cluster_dict(r["gpu"]), "num_gpus": gpus},
-        "model": {"num_layers": r["layers"], "hidden_size": r["hidden"], "num_heads": r["heads"],
-                  "ffn_hidden_size": equivalent_ffn(r), "vocab_size": r["vocab"], "tied_embeddings": r["tied"],
-                  "flash_attention": r["flash"], "linear_biases": r["biases"]},
+        "model": model,
         "job": {"seq_len": r["seq"], "precision": r.get("precision", "mixed")},
         "efficiency": dataclasses.asdict(eff),
         "parallel": {"pp": pp, "dp": gpus // (tp * pp)},
