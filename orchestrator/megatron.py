@@ -240,7 +240,7 @@ def _run(cfg: TrainConfig, add, notes: list[str]) -> None:
 # ---- cost-model (planner) configs: the production-scale plan, e.g. search_spaces/preset-500b.yaml ----
 
 # Planner fields that only calibrate the cost model; they describe the cluster, not the training run.
-_PLAN_MODEL_ONLY = ("cluster.", "efficiency.")
+_PLAN_MODEL_ONLY = ("cluster.", "efficiency.", "model.elementwise.")
 _PLAN_REQUIRED = ("model.num_layers", "model.hidden_size", "model.num_heads", "job.seq_len", "batch.global_batch",
                   "batch.micro_batch_size")
 
@@ -295,6 +295,8 @@ def megatron_args_for_plan(plan: dict) -> tuple[list[str], list[str]]:
     used.update(k for k in flat if k.startswith("pipeline."))
     pipe = build(PipelineConfig, plan.get("pipeline") or {}, "pipeline")
     _pipeline_flags(pipe, pp, pipe.split.counts(int(get("model.num_layers")), pp * pipe.virtual_stages), add, notes)
+    if not get("pipeline_comm.overlap_p2p", True) and pp > 1 and pipe.virtual_stages > 1:
+        add("--no-overlap-p2p-communication")  # Megatron overlaps them by default
     _recompute({k.split(".", 1)[1]: get(k) for k in flat if k.startswith("recompute.")}, add, notes)
     _plan_data_parallel(get, add, notes)
     add("--bf16")

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from orchestrator.planner import ClusterSpec, Efficiency, JobSpec, ModelSpec, PlanConfig
-from orchestrator.planner.config import OptimizerSharding, TensorParallel
+from orchestrator.planner.config import OptimizerSharding, PipelineComm, TensorParallel
 from orchestrator.planner.knobs import Consts, encode
 from orchestrator.planner.memory import MEMORY_PARTS, stage_memory
 from orchestrator.planner.parse import plan_config_from_dict
@@ -79,7 +79,10 @@ def plan_for_trial(train_cfg: Any, cluster: ClusterSpec, efficiency: Efficiency 
                       tensor_parallel=TensorParallel(size=1, sequence_parallel=False), batch=train_cfg.batch,
                       pipeline=pipeline, recompute=train_cfg.recompute, data_parallel=train_cfg.data_parallel,
                       # The trainer: plain AdamW on every replica, fp32 gradients.
-                      optimizer=OptimizerSharding(distributed=False, grad_reduce_dtype="fp32"))
+                      optimizer=OptimizerSharding(distributed=False, grad_reduce_dtype="fp32"),
+                      # torch pipelining posts a stage's receive when its action runs, not ahead of the
+                      # compute before it, so the transfer stays on the critical path.
+                      pipeline_comm=PipelineComm(overlap_p2p=False))
 
 
 def mapping_notes(train_cfg: Any) -> list[str]:

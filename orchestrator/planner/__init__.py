@@ -11,7 +11,7 @@ from .cluster import ClusterSpec, Efficiency, JobSpec, ModelSpec
 from trainer.knobs import (BalancedSplit, BatchConfig, FirstLastSplit, FsdpDP, FullRecompute, NoRecompute,
                            ParallelConfig, PipelineConfig, ReplicateDP, SelectiveRecompute, TorchDDP)
 
-from .config import OptimizerSharding, PlanConfig, TensorParallel
+from .config import OptimizerSharding, PipelineComm, PlanConfig, TensorParallel
 from .grid import enumerate_space
 from .memory import predicts_oom
 from .parse import (KNOBS, apply_params, knob_values, layer_split_context, plan_config_from_dict,
@@ -20,7 +20,7 @@ from .predict import Prediction, predict
 
 __all__ = [
     "BalancedSplit", "BatchConfig", "Calibration", "ClusterSpec", "Efficiency", "OptimizerSharding",
-    "FsdpDP", "ReplicateDP", "TensorParallel", "TorchDDP",
+    "FsdpDP", "PipelineComm", "ReplicateDP", "TensorParallel", "TorchDDP",
     "FirstLastSplit", "FullRecompute", "JobSpec", "KNOBS", "ModelSpec", "NoRecompute", "ParallelConfig",
     "PipelineConfig", "PlanConfig", "Prediction", "SelectiveRecompute", "apply_params", "calibrate",
     "enumerate_space", "knob_values", "layer_split_context", "plan_config_from_dict", "plan_config_to_dict", "predict", "predicts_oom",

@@ -72,6 +72,20 @@ class OptimizerSharding:
 
 
 @dataclass(frozen=True)
+class PipelineComm:
+    """Megatron's pipeline point-to-point communication (the trainer's is torch pipelining's own)."""
+
+    overlap_p2p: bool = True
+    """Megatron's overlap_p2p_comm (its default; --no-overlap-p2p-communication turns it off): under the
+    interleaved schedule the steady-state 1F1B passes send and receive asynchronously, under the next chunk
+    pass's compute; the warm-up and cool-down passes' sends stay exposed. A no-op without interleaving."""
+
+    def __post_init__(self) -> None:
+        with prefixed("pipeline_comm"):
+            check_bool(self, "overlap_p2p")
+
+
+@dataclass(frozen=True)
 class PlanConfig:
     """Everything one prediction needs. Cross-field rules are checked here, once."""
 
@@ -86,6 +100,7 @@ class PlanConfig:
     recompute: Recompute = field(default_factory=NoRecompute)
     data_parallel: DataParallel = field(default_factory=ReplicateDP)
     optimizer: OptimizerSharding = field(default_factory=OptimizerSharding)
+    pipeline_comm: PipelineComm = field(default_factory=PipelineComm)
 
     def __post_init__(self) -> None:
         par, model, tp = self.parallel, self.model, self.tensor_parallel.size

@@ -118,8 +118,9 @@ def enumerate_space(base: PlanConfig, params: Mapping[str, Mapping[str, Any]], f
     for name in params:
         if name != SPLIT and name not in KNOBS:
             raise ValueError(f"space.params.{name}: not a planner knob")
-        if name.startswith(("parallel.", "tensor_parallel.")):
-            raise ValueError(f"space.params.{name}: the enumerator keeps parallel degrees fixed")
+        if name.startswith(("parallel.", "tensor_parallel.", "pipeline_comm.")):
+            raise ValueError(f"space.params.{name}: the enumerator keeps parallel degrees and their communication "
+                             f"settings fixed")
     fixed = knob_values(base)
     groups = [_expand(names, params, fixed, float_points) for names in _components(params)]
     shape = tuple(len(g) for g in groups)

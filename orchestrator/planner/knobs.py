@@ -63,6 +63,8 @@ class Consts:
     """Megatron's TP communication overlap is on (tensor_parallel.comm_overlap, tp > 1)."""
     ew: ElementwiseBytes = ElementwiseBytes()
     """Bytes per element of the layer's elementwise kernels (model.elementwise)."""
+    p2p_overlap: bool = False
+    """Megatron's overlap_p2p_comm (pipeline_comm.overlap_p2p)."""
 
     @classmethod
     def of(cls, cfg: PlanConfig, eff: object | None = None) -> "Consts":
@@ -87,6 +89,7 @@ class Consts:
             matmul_per_layer=m.matmul_params_per_layer, tensors_per_layer=m.tensors_per_layer,
             gpus_per_node=gpn, intra_bw=intra[0], inter_bw=inter[0],
             tp_overlap=cfg.tensor_parallel.comm_overlap and tp > 1, ew=m.elementwise,
+            p2p_overlap=cfg.pipeline_comm.overlap_p2p,
         )
 
 

@@ -14,8 +14,10 @@ from trainer.mapping import apply_overrides, build, field_names, flatten
 
 from .config import PlanConfig
 
-KNOB_SECTIONS = ("batch", "parallel", "tensor_parallel", "pipeline", "recompute", "data_parallel", "optimizer")
-"""The sections of a PlanConfig a trial may change: the shared knobs plus tensor_parallel and optimizer."""
+KNOB_SECTIONS = ("batch", "parallel", "tensor_parallel", "pipeline", "recompute", "data_parallel", "optimizer",
+                 "pipeline_comm")
+"""The sections of a PlanConfig a trial may change: the shared knobs plus tensor_parallel, optimizer and
+pipeline_comm."""
 KNOBS: tuple[str, ...] = tuple(n for n in field_names(PlanConfig) if n.split(".")[0] in KNOB_SECTIONS)
 """Every flat knob name (docs/knobs.md describes each)."""
 MOVED = {"parallel.tp": "tensor_parallel.size", "parallel.sequence_parallel": "tensor_parallel.sequence_parallel",

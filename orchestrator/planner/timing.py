@@ -18,7 +18,8 @@ Sources, per formula (also in docs/planner.md):
   each collective hides under its GEMM as Transformer Engine's userbuffers pipeline them (comm.py).
 * Pipeline: time = m * slowest stage + (sum of the other stages) / v, which is (m + (p-1)/v) * t_stage when
   balanced: the bubble (p-1)/(v m) of Narayanan et al. Sec. 2.2. Point-to-point: 2 sends of b s h / t
-  (scatter/gather optimisation, Sec. 4.1) per microbatch per chunk on the critical path.
+  (scatter/gather optimisation, Sec. 4.1) per microbatch per chunk on the critical path, less what
+  Megatron's overlap_p2p_comm hides under interleaving (``p2p_exposed``).
 * Data parallelism: buckets of the distributed optimizer's reduce-scatter / all-gather (Megatron
   distributed optimizer docs) or all-reduce, at the group's bus bandwidth, overlapped as Megatron overlaps
   them (the last microbatch's backward, the first microbatch's forward, the pipeline drain): comm.py.
@@ -117,6 +118,21 @@ def p2p_send(C: Consts, T: np.ndarray) -> np.ndarray:
     """
     gather = 0.0 if C.sp else _ring(C.t, 2.0 * T * C.h, C.bw_tp, C.lat_tp)
     return 2.0 * T * C.h / C.t / C.bw_pp + C.lat_pp + gather
+
+
+def p2p_exposed(C: Consts, K: Knobs, send: np.ndarray, chunk_fwd: np.ndarray) -> np.ndarray:
+    """Pipeline sends on the critical path, seconds (n,): 2 per chunk pass (the activation forward, its
+    gradient back) plus 2(p - 1) for the fill and the drain, each ``send`` long.
+
+    With Megatron's overlap_p2p_comm under interleaving, the steady-state 1F1B passes (all but stage 0's
+    warm-up 2(p - 1) + (v - 1)p, capped at m v) send while the next chunk pass computes: each of their sends
+    costs only what it exceeds one chunk pass's forward (``chunk_fwd``); the warm-up and cool-down sends
+    stay exposed (Megatron overlaps them only with --overlap-p2p-communication-warmup-flush).
+    """
+    m, v = K.m.astype(float), K.v.astype(float)
+    warm = np.minimum(2.0 * (C.p - 1) + (v - 1.0) * C.p, m * v)
+    hidden = np.where(C.p2p_overlap & (K.v > 1), m * v - warm, 0.0)
+    return 2.0 * ((m * v - hidden + C.p - 1) * send + hidden * np.maximum(0.0, send - chunk_fwd))
 
 
 def stage_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
@@ -231,8 +247,7 @@ def step_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     m = K.m.astype(float)
     v = K.v.astype(float)
     bubble = pipeline_bubble(S, K)
-    n_p2p = np.where(C.p > 1, 2.0 * (m * v + C.p - 1), 0.0)
-    p2p = n_p2p * st["p2p"]
+    p2p = np.where(C.p > 1, p2p_exposed(C, K, st["p2p"], at(st["F"]) / v), 0.0)
     dp = dp_times(C, K, st["F"], st["B"])
     fsdp_s, fsdp_total = fsdp_exposed(C, K, st)
     P = dp["P"]

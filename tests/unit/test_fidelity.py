@@ -83,3 +83,17 @@ def test_transferred_set_is_labelled_blind_and_own_fit_fitted():
     fits = fidelity.fit_all(rows)
     assert fidelity.transferred_efficiency(fits, "b200").basis == "blind"
     assert fidelity.transferred_efficiency(fits, "a100-80gb").basis == "fitted"
+
+
+def test_corpus_bucket_size_follows_megatron_cores_default():
+    """Megatron-Core DDP's default bucket is max(40M, 1M x dp) parameters; a row that states mcore_default
+    gets it in MB of its reduction dtype, others keep 40M; anything else names the field."""
+    from orchestrator.planner.corpus import bucket_params
+
+    row = {"id": "r", "bucket_params": "mcore_default"}
+    assert bucket_params(row, 8) == 40e6 and bucket_params(row, 512) == 512e6
+    assert bucket_params({"id": "r"}, 512) == 40e6
+    with pytest.raises(ValueError, match="bucket_params"):
+        bucket_params({"id": "r", "bucket_params": "big"}, 8)
+    n15 = {r.id: r for r in corpus.load()}["dgxc-nemotron4-15b-2048"].config(fidelity.A100_PRIOR)
+    assert n15.data_parallel.bucket_mb == pytest.approx(512e6 * 4 / 1e6)  # DP 512, fp32 gradients

@@ -1,8 +1,10 @@
-"""Two mechanisms of the step-time model against hand-computed cases: Megatron's pipeline scatter/gather
-sends and the memory-bound elementwise kernels (timing.py)."""
+"""Mechanisms of the step-time and memory model against hand-computed cases: Megatron's pipeline
+scatter/gather sends and their overlap, the memory-bound elementwise kernels (fused and eager), and model
+chunks of unequal size (timing.py, memory.py, knobs.py)."""
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from orchestrator.planner import (BatchConfig, ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig,
@@ -125,3 +127,24 @@ def test_elementwise_bytes_are_what_the_layer_moves():
     per_byte = 1 / (2039e9 * 0.8)
     assert b["f_comp"] - a["f_comp"] == pytest.approx((22 * T * H / TP + 4 * T * F / TP) * per_byte, rel=1e-9)
     assert b["b_comp"] - a["b_comp"] == pytest.approx((34 * T * H / TP + 6 * T * F / TP) * per_byte, rel=1e-9)
+
+
+@pytest.mark.parametrize("overlap,schedule,chunk_fwd,expected", [
+    # pp 2, m 4. Interleaved v 2: 8 chunk passes, stage 0's warm-up 2(p-1) + (v-1)p = 4 of them; the other 4
+    # steady-state passes send under the next pass. Sends of 1 s: 2 (8 + 1) = 18 without overlap; with it
+    # 2 (4 + 1) exposed + 2 x 4 x the excess over a chunk pass's forward.
+    (False, "interleaved_1f1b", 0.25, 18.0),
+    (True, "interleaved_1f1b", 0.25, 2 * (5 + 4 * 0.75)),
+    (True, "interleaved_1f1b", 2.0, 10.0),
+    (True, "1f1b", 0.25, 2 * (4 + 1)),  # Megatron overlaps only the interleaved schedule's sends
+])
+def test_pipeline_sends_megatron_overlaps_hide_only_the_steady_state(overlap, schedule, chunk_fwd, expected):
+    from orchestrator.planner.config import PipelineComm
+    from orchestrator.planner.timing import p2p_exposed
+    from trainer.knobs import PipelineConfig
+
+    cfg = dataclasses.replace(_cfg(sp=True), pipeline=PipelineConfig(
+        schedule=schedule, virtual_stages=2 if schedule == "interleaved_1f1b" else 1),
+        pipeline_comm=PipelineComm(overlap_p2p=overlap))
+    got = p2p_exposed(Consts.of(cfg), encode([cfg]), np.ones(1), np.full(1, chunk_fwd))
+    assert got[0] == pytest.approx(expected)

@@ -64,6 +64,23 @@ def equivalent_ffn(r: Mapping[str, Any]) -> int:
     return num // 2
 
 
+MCORE_BUCKET = "mcore_default"
+"""A row's ``bucket_params`` when its run left Megatron-Core DDP's bucket size unset (NeMo's
+mcore_distributed_optim without ddp_bucket_size): max(40M, 1M x dp) parameters, "larger DP sizes need larger
+buckets to ensure collectives do not become latency-bound" (megatron/core/distributed)."""
+
+
+def bucket_params(r: Mapping[str, Any], dp: int) -> float:
+    """Gradient bucket size in parameters: the row's ``bucket_params``, Megatron-Core's dp-scaled default
+    (``MCORE_BUCKET``), or 40M (Megatron's fixed default before it scaled with dp)."""
+    b = r.get("bucket_params", 40_000_000)
+    if b == MCORE_BUCKET:
+        return float(max(40_000_000, 1_000_000 * dp))
+    if not isinstance(b, (int, float)) or isinstance(b, bool) or b <= 0:
+        raise ValueError(f"corpus row {r['id']}: bucket_params must be a positive count or {MCORE_BUCKET!r}")
+    return float(b)
+
+
 def row_planner_dict(r: Mapping[str, Any], eff: Efficiency) -> dict[str, Any]:
     import dataclasses
     tp, pp, gpus = r["tp"], r["pp"], r["gpus"]
@@ -108,7 +125,9 @@ def row_planner_dict(r: Mapping[str, Any], eff: Efficiency) -> dict[str, Any]:
         # a row that states `fsdp:` (reshard_after_forward, prefetch) ran FSDP2 instead.
         "data_parallel": {"kind": "fsdp", **r["fsdp"]} if "fsdp" in r else {
             "kind": "replicate", "overlap_grad_reduce": r.get("overlap_grad", False),
-            "bucket_mb": 40.0 * (2 if r.get("grad_dtype") == "bf16" else 4)},
+            "bucket_mb": bucket_params(r, gpus // (tp * pp)) * (2 if r.get("grad_dtype") == "bf16" else 4) / 1e6},
+        # Megatron's overlap_p2p_comm where the source states it (a 2021-22 run had none).
+        "pipeline_comm": {"overlap_p2p": r.get("overlap_p2p", False)},
         "optimizer": {"distributed": r.get("dist_opt", False),
                       "overlap_param_gather": r.get("overlap_param", False),
                       "grad_reduce_dtype": r.get("grad_dtype", "fp32")},
