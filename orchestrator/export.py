@@ -248,7 +248,7 @@ def summary_markdown(record: TrialRecord, baseline: TrialRecord | None, config: 
     lines += [
         f"- status: {record.status.value}; backend: {record.backend} ({what})",
         f"- loss parity vs baseline: {verdict}",
-        f"- meets target: {_yes_no(record.meets_target)}",
+        f"- meets target: {_yes_no(record.meets_target)}" + (_point_only(record) if predicted else ""),
         *([f"- runs of this config: {len(runs)}, median {statistics.median(runs) * 1e3:.1f} ms "
            f"[{min(runs) * 1e3:.1f}, {max(runs) * 1e3:.1f}] (the noise-aware winner ranks by the median; the table "
            f"below is this line's run)"] if runs and len(runs) > 1 else []),
@@ -298,6 +298,15 @@ def _fmt(v: float | None, scale: float, fmt: str) -> str:
 
 def _g(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, (int, float)) else "n/a"
+
+
+def _point_only(record: TrialRecord) -> str:
+    """What a predicted 'yes' rests on: the point estimate; the band's upper end is what a robust claim needs."""
+    high = (record.prediction or {}).get("step_time_high_s")
+    if not record.meets_target or not isinstance(high, (int, float)):
+        return ""
+    return (f", at the point estimate (~{record.metrics.step_time_s:.2f} s); the band's upper end is "
+            f"~{high:.2f} s, and only an upper end within the target makes it robust (the sweep summary's verdict)")
 
 
 def _yes_no(v: Any) -> str:

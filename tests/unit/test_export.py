@@ -458,6 +458,7 @@ def test_plan_export_is_labelled_predicted(tmp_path):
                      pp_bubble_s=0.5, step_time_low_s=8.5, step_time_high_s=12.3, band_basis="80% band",
                      efficiency_basis="blind")
     best.config["efficiency"].update(basis="blind", basis_note="h100 set transferred")
+    best = dataclasses.replace(best, meets_target=True)
     path = _write(tmp_path / "l.jsonl", base, best)
     paths = export_trial(path, None, tmp_path / "o")
     assert [p.name for p in paths] == ["plan.yaml", "megatron_args.txt", "summary.md"]
@@ -467,6 +468,8 @@ def test_plan_export_is_labelled_predicted(tmp_path):
     assert "5120 GPUs (tp 8 x pp 8 x dp 80)" in summary
     assert "- efficiency set: blind (h100 set transferred)" in summary and "~8.50-12.30 s" in summary
     assert "| exposed dp communication (s, max rank) | n/a | 1.25 |" in summary
+    # A predicted yes says it rests on the point estimate, and where the band ends.
+    assert "- meets target: yes, at the point estimate (~9.20 s); the band's upper end is ~12.30 s" in summary
     assert "`data_parallel.overlap_grad_reduce`: false -> **true**" in summary
     assert "--overlap-grad-reduce" in (tmp_path / "o" / "megatron_args.txt").read_text()
     with pytest.raises(ValueError, match="not a planner config"):
