@@ -197,6 +197,10 @@ def test_enumerator_matches_planconfig_and_predict():
     rng = np.random.default_rng(0)
     checked = grid_agrees_with_predict(base, grid, rng.choice(grid.n, size=600, replace=False))
     assert min(checked.values()) > 50
+    # Interleaving with a first/last split gives a rank chunks of unequal size: priced per chunk on both paths.
+    uneven = [i for i in np.flatnonzero(grid.valid) if grid.params(i).get("pipeline.schedule") == "interleaved_1f1b"
+              and grid.params(i).get("pipeline.split.kind") == "first_last"]
+    assert len(uneven) >= 20 and grid_agrees_with_predict(base, grid, uneven[:200])[True] == len(uneven[:200])
     best = grid.best()
     assert grid.valid[best] and grid.fits_memory[best]
     assert grid.step_time_s[best] == grid.feasible_times().min()
