@@ -242,8 +242,16 @@ def in_flight(C: Consts, K: Knobs) -> np.ndarray:
     s = np.arange(C.p)[None, :]
     m, v = K.m[:, None], K.v[:, None]
     one_f = np.minimum(C.p - s, m)
-    inter = np.minimum(2 * (C.p - s - 1) + (v - 1) * C.p + 1, m * v)
+    inter = np.minimum(interleaved_warmup(C, K) + 1, m * v)
     return np.where(K.sched[:, None] == 0, m, np.where(K.sched[:, None] == 2, inter, one_f))
+
+
+def interleaved_warmup(C: Consts, K: Knobs) -> np.ndarray:
+    """Megatron's interleaved schedule: forward chunk passes stage s runs before its first backward,
+    2(p - s - 1) + (v - 1)p, capped at the m v passes there are, (n, pp)."""
+    s = np.arange(C.p)[None, :]
+    m, v = K.m[:, None], K.v[:, None]
+    return np.minimum(2 * (C.p - s - 1) + (v - 1) * C.p, m * v)
 
 
 def recomputed_layers(K: Knobs) -> np.ndarray:

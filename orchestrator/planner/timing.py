@@ -35,7 +35,7 @@ import numpy as np
 from .comm import (all_gather_time, all_reduce_time, bucket_tail, bulk_overlap_exposed, bus_bandwidth,
                    exposed_after_slack, pipelined_overlap_exposed, reduce_scatter_time)
 from .fsdp import fsdp_times
-from .knobs import Consts, Knobs, col, recomputed_layers, stage_params, state_bytes
+from .knobs import Consts, Knobs, col, interleaved_warmup, recomputed_layers, stage_params, state_bytes
 from .memory import ACTIVATION_SCALE
 
 TP_OPS_FWD = 4
@@ -130,8 +130,7 @@ def p2p_exposed(C: Consts, K: Knobs, send: np.ndarray, chunk_fwd: np.ndarray) ->
     stay exposed (Megatron overlaps them only with --overlap-p2p-communication-warmup-flush).
     """
     m, v = K.m.astype(float), K.v.astype(float)
-    warm = np.minimum(2.0 * (C.p - 1) + (v - 1.0) * C.p, m * v)
-    hidden = np.where(C.p2p_overlap & (K.v > 1), m * v - warm, 0.0)
+    hidden = np.where(C.p2p_overlap & (K.v > 1), m * v - interleaved_warmup(C, K)[:, 0], 0.0)
     return 2.0 * ((m * v - hidden + C.p - 1) * send + hidden * np.maximum(0.0, send - chunk_fwd))
 
 
