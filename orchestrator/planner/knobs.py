@@ -119,10 +119,10 @@ class Knobs:
     """FSDP's reshard_after_forward."""
     prefetch: np.ndarray
     """FSDP's explicit prefetch depth (blocks)."""
-    uneven: np.ndarray | None = None
-    """Indices of the configs whose ranks hold model chunks of unequal size (None: none do). Every other
-    config's rank holds v chunks of ``layers`` / v layers."""
-    chunks: np.ndarray | None = None
+    uneven: np.ndarray
+    """Indices of the configs whose ranks hold model chunks of unequal size. Every other config's rank holds
+    v chunks of ``layers`` / v layers."""
+    chunks: np.ndarray
     """Layers of each model chunk per rank of the ``uneven`` configs, (len(uneven), pp, max v), zero past a
     config's v."""
 
@@ -257,7 +257,7 @@ def interleaved_warmup(C: Consts, K: Knobs) -> np.ndarray:
 def recomputed_layers(K: Knobs) -> np.ndarray:
     """Layers whose forward runs twice under full recompute, per stage (n, pp)."""
     block = K.v[:, None] * np.minimum(K.rc_n[:, None], K.layers // K.v[:, None])
-    if K.uneven is not None and len(K.uneven):
+    if len(K.uneven):
         block[K.uneven] = np.minimum(K.rc_n[K.uneven, None, None], K.chunks).sum(axis=2)
     full = np.where(K.rc_block[:, None], block, K.layers)
     return np.where(K.rc[:, None] == 2, full, 0)

@@ -86,7 +86,7 @@ def stage_memory(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     flight = in_flight(C, K).astype(float)
     held, working = _chunk_bytes(K.layers // col(K.v), col(K.rc), col(K.rc_block), col(K.rc_n), full, sel, ckpt)
     held = held * flight
-    if K.uneven is not None and len(K.uneven):
+    if len(K.uneven):
         # Ranks with chunks of unequal size: each chunk's bytes, weighted by its passes in flight.
         u = lambda x: x[K.uneven][:, :, None]  # noqa: E731
         per_u, work_u = _chunk_bytes(K.chunks, u(col(K.rc)), u(col(K.rc_block)), u(col(K.rc_n)), u(full),
