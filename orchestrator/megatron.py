@@ -191,6 +191,11 @@ def _recompute(rc: dict, add, notes: list[str]) -> None:
         add("--recompute-granularity", "full")
         add("--recompute-method", rc.get("method", "uniform"))
         add("--recompute-num-layers", rc.get("num_layers", 1))
+    elif rc.get("kind") == "op":
+        notes.append(f"not mapped: recompute.kind=op (matmul_period {rc.get('matmul_period', 2)}): Megatron-LM has "
+                     "no op-level policy; its nearest is --recompute-granularity selective with --recompute-modules "
+                     "(core_attn, mlp, layernorm), which keeps different tensors: the exported job keeps every "
+                     "activation unless you add those flags")
 
 
 def _optimizer(cfg: TrainConfig, add, notes: list[str]) -> None:

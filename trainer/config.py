@@ -14,8 +14,9 @@ from typing import Any, ClassVar, Optional, Union
 from trainer import layout
 # The tuning knobs live in trainer.knobs (shared with the planner); re-exported here for the trainer's users.
 from trainer.knobs import (RECOMPUTE_MODULES, BalancedSplit, BatchConfig, DataParallel,  # noqa: F401
-                           ExplicitSplit, FirstLastSplit, FsdpDP, FullRecompute, NoRecompute, ParallelConfig,
-                           PipelineConfig, Recompute, ReplicateDP, SelectiveRecompute, Split, TorchDDP)
+                           ExplicitSplit, FirstLastSplit, FsdpDP, FullRecompute, NoRecompute, OpRecompute,
+                           ParallelConfig, PipelineConfig, Recompute, ReplicateDP, SelectiveRecompute, Split,
+                           TorchDDP)
 from trainer.mapping import apply_overrides, build, dump, flatten, parse_dotlist  # noqa: F401 (re-exported)
 
 

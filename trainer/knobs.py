@@ -162,7 +162,22 @@ class FullRecompute:
         _check_ints(self, "recompute", ("num_layers",))
 
 
-Recompute = Union[NoRecompute, SelectiveRecompute, FullRecompute]
+@dataclass(frozen=True)
+class OpRecompute:
+    """Decide op by op, per layer, what backward keeps (torch's selective activation checkpointing;
+    torchtitan's "selective op" policy): matmul and attention outputs are kept, except every
+    ``matmul_period``-th matmul of the layer, and every other op (norms, activation functions, residual
+    adds, copies) runs again in backward from the kept tensors and the layer's input."""
+    kind: ClassVar[str] = "op"
+    matmul_period: int = 2
+    """Recompute the n-th, 2n-th, ... matmul of each layer in forward order (torchtitan's policy: 2, every
+    second one); 0 keeps every matmul output."""
+
+    def __post_init__(self) -> None:
+        _check_ints(self, "recompute", ("matmul_period",), lo=0)
+
+
+Recompute = Union[NoRecompute, SelectiveRecompute, FullRecompute, OpRecompute]
 
 
 # ---- data parallelism ------------------------------------------------------------------------------------

@@ -20,9 +20,10 @@ except ImportError:  # the GPU tier runs on a machine's own torch, without the p
 import torch
 from torch import nn
 
-from trainer.config import FullRecompute, ModelConfig, SelectiveRecompute, TrainConfig
+from trainer.config import FullRecompute, ModelConfig, OpRecompute, SelectiveRecompute, TrainConfig
 from trainer.layout import recompute_groups
-from trainer.model import matmul_params
+from trainer.model import layer_matmuls, matmul_params
+from trainer.op_checkpoint import counting_cached_outputs
 from trainer.result import Span
 
 
@@ -86,7 +87,8 @@ class SavedActivations:
     Storages are counted once however many ops save them; parameters (and views of them) are not
     activations and are skipped. What recomputation holds transiently inside backward is not counted:
     checkpoint's own hooks take those tensors. A saved tensor stops counting when autograd frees it (its holder is collected), so the peak
-    reflects how many microbatches a schedule keeps in flight and what recompute discards.
+    reflects how many microbatches a schedule keeps in flight and what recompute discards. Op-level
+    recompute's cached outputs bypass these hooks; its layers report them through ``hold`` instead.
     """
 
     def __init__(self) -> None:
@@ -97,8 +99,23 @@ class SavedActivations:
     def reset_peak(self) -> None:
         self.peak = self.live
 
-    def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
-        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+    @contextlib.contextmanager
+    def hooks(self) -> Iterator[None]:
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack), counting_cached_outputs(self):
+            yield
+
+    def hold(self, nbytes: int):
+        """Count ``nbytes`` held outside autograd's saved tensors (op-level recompute's cache) until the
+        returned callable is called."""
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+        released = []
+
+        def release() -> None:
+            if not released:
+                released.append(True)
+                self.live -= nbytes
+        return release
 
     def _pack(self, t: torch.Tensor):
         # Weights (and views of them, like the transpose a Linear saves) are parameters, not activations.
@@ -163,6 +180,9 @@ def recompute_flops_per_token(cfg: TrainConfig) -> float:
         per = (attn_fwd if "core_attn" in rc.modules else 0.0)
         per += 2.0 * 2 * m.d_model * m.ffn_dim if "mlp" in rc.modules else 0.0
         return m.n_layers * per
+    if isinstance(rc, OpRecompute):
+        return m.n_layers * 2.0 * sum(i * o for k, (i, o) in enumerate(layer_matmuls(m), 1)
+                                      if rc.matmul_period and k % rc.matmul_period == 0)
     return 0.0
 
 

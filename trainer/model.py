@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from trainer.config import ModelConfig
+from trainer.op_checkpoint import op_checkpoint
 
 
 def _maybe_checkpoint(enabled: bool, fn: Callable, *args: torch.Tensor) -> torch.Tensor:
@@ -65,12 +66,22 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.recompute_modules: frozenset[str] = frozenset()
         """Selective recompute: sub-modules whose activations are dropped and recomputed in backward."""
+        self.op_recompute_period: int | None = None
+        """Op-level recompute (trainer.op_checkpoint): every n-th matmul and all non-kept ops; None: off."""
 
     def set_selective_recompute(self, modules: Iterable[str]) -> None:
         self.recompute_modules = frozenset(modules)
         self.attn.recompute_core = "core_attn" in self.recompute_modules
 
+    def set_op_recompute(self, matmul_period: int) -> None:
+        self.op_recompute_period = matmul_period
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.op_recompute_period is not None and torch.is_grad_enabled():
+            return op_checkpoint(self._forward, x, self.op_recompute_period)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         norm = "norm" in self.recompute_modules
         x = x + self.attn(_maybe_checkpoint(norm, self.norm1, x))
         h = _maybe_checkpoint(norm, self.norm2, x)
@@ -130,6 +141,13 @@ class GPT(nn.Module):
             std = resid_std if name.endswith("proj.weight") else 0.02
             gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
             p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32).mul_(std))
+
+
+def layer_matmuls(cfg: ModelConfig) -> list[tuple[int, int]]:
+    """A block's matmuls in forward order as (input width, output width): QKV, attention projection, MLP up,
+    MLP down (the planner's default ``model.layer_gemms``)."""
+    d, f = cfg.d_model, cfg.ffn_dim
+    return [(d, 3 * d), (d, d), (d, f), (f, d)]
 
 
 def matmul_params(cfg: ModelConfig) -> tuple[int, int]:

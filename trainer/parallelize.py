@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.config import FsdpDP, FullRecompute, ReplicateDP, SelectiveRecompute, TorchDDP, TrainConfig
+from trainer.config import (FsdpDP, FullRecompute, OpRecompute, ReplicateDP, SelectiveRecompute, TorchDDP,
+                            TrainConfig)
 from trainer.grad_sync import GradReducer
 from trainer.layout import recompute_groups, stage_ids_for_rank
 from trainer.model import GPT
@@ -54,6 +55,9 @@ def apply_recompute(chunk: GPT, cfg: TrainConfig) -> None:
     elif isinstance(rc, SelectiveRecompute):
         for block in chunk.layers.values():
             block.set_selective_recompute(rc.modules)
+    elif isinstance(rc, OpRecompute):
+        for block in chunk.layers.values():
+            block.set_op_recompute(rc.matmul_period)
 
 
 def apply_fsdp(chunk: GPT, dp_group: dist.ProcessGroup, dp_cfg: FsdpDP, device: torch.device) -> None:

@@ -9,7 +9,7 @@ every formula and its source.
 from .calibrate import Calibration, calibrate
 from .cluster import ClusterSpec, Efficiency, JobSpec, ModelSpec
 from trainer.knobs import (BalancedSplit, BatchConfig, FirstLastSplit, FsdpDP, FullRecompute, NoRecompute,
-                           ParallelConfig, PipelineConfig, ReplicateDP, SelectiveRecompute, TorchDDP)
+                           OpRecompute, ParallelConfig, PipelineConfig, ReplicateDP, SelectiveRecompute, TorchDDP)
 
 from .config import OptimizerSharding, PipelineComm, PlanConfig, TensorParallel
 from .grid import enumerate_space
@@ -21,7 +21,7 @@ from .predict import Prediction, predict
 __all__ = [
     "BalancedSplit", "BatchConfig", "Calibration", "ClusterSpec", "Efficiency", "OptimizerSharding",
     "FsdpDP", "PipelineComm", "ReplicateDP", "TensorParallel", "TorchDDP",
-    "FirstLastSplit", "FullRecompute", "JobSpec", "KNOBS", "ModelSpec", "NoRecompute", "ParallelConfig",
+    "FirstLastSplit", "FullRecompute", "JobSpec", "KNOBS", "ModelSpec", "NoRecompute", "OpRecompute", "ParallelConfig",
     "PipelineConfig", "PlanConfig", "Prediction", "SelectiveRecompute", "apply_params", "calibrate",
     "enumerate_space", "knob_values", "layer_split_context", "plan_config_from_dict", "plan_config_to_dict", "predict", "predicts_oom",
 ]

@@ -155,8 +155,16 @@ class ModelSpec:
     elementwise: ElementwiseBytes = field(default_factory=ElementwiseBytes)
     """HBM bytes per element of the layer's elementwise kernels (LayerNorm, activation, residual): Megatron's
     fused kernels by default; an eager PyTorch stack moves several times more."""
+    layer_gemms: tuple[tuple[int, int], ...] = ()
+    """The layer's GEMMs in forward order as [input width, output width] pairs; empty: Megatron's four, QKV
+    [h, 3h], attention projection [h, h], FC1 [h, ffn], FC2 [ffn, h] (also the steptune trainer's). Only
+    op-level recompute reads the order (which outputs it keeps); the pairs' products must add up to the
+    layer's GEMM weights, 4h^2 + 2h*ffn, e.g. a Llama block's wq, wk, wv, wo, w1, w3, w2 with ffn its
+    equivalent width."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.layer_gemms, list):
+            object.__setattr__(self, "layer_gemms", tuple(tuple(g) for g in self.layer_gemms))
         with prefixed("model"):
             for f in ("num_layers", "hidden_size", "num_heads", "vocab_size"):
                 check_int(self, f, 1)
@@ -167,6 +175,20 @@ class ModelSpec:
             check_bool(self, "linear_biases")
             if self.hidden_size % self.num_heads:
                 raise ValueError(f"num_heads: {self.num_heads} does not divide hidden_size {self.hidden_size}")
+            g = self.layer_gemms
+            if any(len(p) != 2 or any(not isinstance(w, int) or isinstance(w, bool) or w < 1 for w in p) for p in g):
+                raise ValueError(f"layer_gemms: {g!r} must list [input width, output width] pairs of positive "
+                                 "integers")
+            if g and sum(i * o for i, o in g) != self.matmul_params_per_layer:
+                raise ValueError(f"layer_gemms: the GEMM weights add up to {sum(i * o for i, o in g)}, not the "
+                                 f"layer's 4h^2 + 2h*ffn = {self.matmul_params_per_layer}; list every GEMM of "
+                                 "the layer, or set ffn_hidden_size to its equivalent width")
+
+    @property
+    def gemms(self) -> tuple[tuple[int, int], ...]:
+        """``layer_gemms``, or Megatron's four when it is empty."""
+        h, f = self.hidden_size, self.ffn
+        return self.layer_gemms or ((h, 3 * h), (h, h), (h, f), (f, h))
 
     @property
     def ffn(self) -> int:

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from trainer.knobs import BalancedSplit, FirstLastSplit, FsdpDP, ReplicateDP
+from trainer.knobs import BalancedSplit, FirstLastSplit, FsdpDP, OpRecompute, ReplicateDP
 
 from .config import PlanConfig, rank_chunks
 from .knobs import RC_CODE, SCHED_CODE, Consts, Knobs, uneven_configs
@@ -152,6 +152,7 @@ _ENCODE = {
     "recompute.method": lambda x: {"uniform": 0, "block": 1}.get(x, -1),
     "recompute.num_layers": lambda x: 0 if x is None else x,
     "recompute.modules": lambda x: sum(_MODULE_BITS.get(m, 8) for m in (x or ("core_attn",))),
+    "recompute.matmul_period": lambda x: OpRecompute.matmul_period if x is None else x,
     "data_parallel.kind": lambda x: {"replicate": 0, "torch_ddp": 1, "fsdp": 2}.get(x, -1),
     # A base without them (fsdp) switched to replicate gets ReplicateDP's defaults, as apply_params builds it.
     "data_parallel.overlap_grad_reduce": lambda x: ReplicateDP.overlap_grad_reduce if x is None else bool(x),
@@ -199,6 +200,8 @@ def _knobs(base: PlanConfig, cols: dict[str, np.ndarray], n: int) -> tuple[Knobs
     valid &= (rc >= 0) & np.where(rc == 2, (rc_n >= 1) & (method >= 0), True)
     mods = cols["recompute.modules"].astype(np.int64)
     valid &= np.where(rc == 1, mods < 8, True)
+    period = cols["recompute.matmul_period"].astype(np.int64)
+    valid &= np.where(rc == 3, period >= 0, True)
     dist = cols["optimizer.distributed"].astype(bool)
     opg = cols["optimizer.overlap_param_gather"].astype(bool)
     bucket = cols["data_parallel.bucket_mb"].astype(float)
@@ -211,7 +214,7 @@ def _knobs(base: PlanConfig, cols: dict[str, np.ndarray], n: int) -> tuple[Knobs
     knobs = Knobs(b=np.maximum(b, 1), m=np.maximum(m, 1), sched=np.maximum(sched, 0), v=np.maximum(v, 1),
                   layers=np.maximum(layers, 0), rc=np.maximum(rc, 0), rc_block=method == 1, rc_n=rc_n,
                   sel_attn=(rc == 1) & (mods & 1 > 0), sel_mlp=(rc == 1) & (mods & 2 > 0),
-                  sel_norm=(rc == 1) & (mods & 4 > 0),
+                  sel_norm=(rc == 1) & (mods & 4 > 0), op_period=np.where(rc == 3, np.maximum(period, 0), 0),
                   ogr=np.where(dp_kind == 0, cols["data_parallel.overlap_grad_reduce"].astype(bool), dp_kind == 1),
                   opg=opg, dist=dist,
                   bucket_mb=np.maximum(bucket, 1e-9), grad_bytes=np.maximum(grad_bytes, 1.0), fsdp=fsdp,

@@ -11,13 +11,13 @@ from typing import Sequence
 
 import numpy as np
 
-from trainer.knobs import FsdpDP, FullRecompute, ReplicateDP, SelectiveRecompute, TorchDDP
+from trainer.knobs import FsdpDP, FullRecompute, OpRecompute, ReplicateDP, SelectiveRecompute, TorchDDP
 
 from .cluster import ElementwiseBytes
 from .config import PlanConfig
 
 SCHED_CODE = {"gpipe": 0, "1f1b": 1, "interleaved_1f1b": 2}
-RC_CODE = {"none": 0, "selective": 1, "full": 2}
+RC_CODE = {"none": 0, "selective": 1, "full": 2, "op": 3}
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,8 @@ class Consts:
     """Bytes per element of the layer's elementwise kernels (model.elementwise)."""
     p2p_overlap: bool = False
     """Megatron's overlap_p2p_comm (pipeline_comm.overlap_p2p)."""
+    gemms: tuple[tuple[int, int], ...] = ()
+    """The layer's GEMMs in forward order, [input width, output width] (model.gemms)."""
 
     @classmethod
     def of(cls, cfg: PlanConfig, eff: object | None = None) -> "Consts":
@@ -89,7 +91,7 @@ class Consts:
             matmul_per_layer=m.matmul_params_per_layer, tensors_per_layer=m.tensors_per_layer,
             gpus_per_node=gpn, intra_bw=intra[0], inter_bw=inter[0],
             tp_overlap=cfg.tensor_parallel.comm_overlap and tp > 1, ew=m.elementwise,
-            p2p_overlap=cfg.pipeline_comm.overlap_p2p,
+            p2p_overlap=cfg.pipeline_comm.overlap_p2p, gemms=m.gemms,
         )
 
 
@@ -108,6 +110,8 @@ class Knobs:
     sel_attn: np.ndarray
     sel_mlp: np.ndarray
     sel_norm: np.ndarray
+    op_period: np.ndarray
+    """Op-level recompute's matmul period (recompute.matmul_period; 0 for other kinds or none recomputed)."""
     ogr: np.ndarray
     opg: np.ndarray
     dist: np.ndarray
@@ -146,7 +150,7 @@ def encode(cfgs: Sequence[PlanConfig]) -> Knobs:
             RC_CODE[rc.kind], isinstance(rc, FullRecompute) and rc.method == "block",
             rc.num_layers if isinstance(rc, FullRecompute) else 0,
             "core_attn" in mods, "mlp" in mods, "norm" in mods,
-            overlap, opt.overlap_param_gather, opt.distributed, bucket_mb,
+            rc.matmul_period if isinstance(rc, OpRecompute) else 0, overlap, opt.overlap_param_gather, opt.distributed, bucket_mb,
             4.0 if opt.grad_reduce_dtype == "fp32" else 2.0,
             fsdp, fsdp and dp.reshard_after_forward, dp.prefetch if fsdp else 0,
         ))
@@ -160,9 +164,9 @@ def encode(cfgs: Sequence[PlanConfig]) -> Knobs:
     bl = lambda k: np.asarray(cols[k], dtype=bool)  # noqa: E731
     return Knobs(
         b=i(0), m=i(1), sched=i(2), v=i(3), layers=np.asarray([c.stage_layers for c in cfgs], dtype=np.int64),
-        rc=i(4), rc_block=bl(5), rc_n=i(6), sel_attn=bl(7), sel_mlp=bl(8), sel_norm=bl(9),
-        ogr=bl(10), opg=bl(11), dist=bl(12), bucket_mb=np.asarray(cols[13], dtype=float),
-        grad_bytes=np.asarray(cols[14], dtype=float), fsdp=bl(15), raf=bl(16), prefetch=i(17),
+        rc=i(4), rc_block=bl(5), rc_n=i(6), sel_attn=bl(7), sel_mlp=bl(8), sel_norm=bl(9), op_period=i(10),
+        ogr=bl(11), opg=bl(12), dist=bl(13), bucket_mb=np.asarray(cols[14], dtype=float),
+        grad_bytes=np.asarray(cols[15], dtype=float), fsdp=bl(16), raf=bl(17), prefetch=i(18),
         uneven=uneven, chunks=chunks[uneven],
     )
 
@@ -252,6 +256,14 @@ def interleaved_warmup(C: Consts, K: Knobs) -> np.ndarray:
     s = np.arange(C.p)[None, :]
     m, v = K.m[:, None], K.v[:, None]
     return np.minimum(2 * (C.p - s - 1) + (v - 1) * C.p, m * v)
+
+
+def op_kept_gemms(C: Consts, K: Knobs) -> np.ndarray:
+    """Which of the layer's GEMMs op-level recompute keeps, (n, GEMMs): all but every op_period-th (the
+    trainer's policy, trainer.op_checkpoint); all of them for other recompute kinds."""
+    k = np.arange(1, len(C.gemms) + 1)[None, :]
+    period = col(K.op_period)
+    return ~((period > 0) & (k % np.maximum(period, 1) == 0))
 
 
 def recomputed_layers(K: Knobs) -> np.ndarray:

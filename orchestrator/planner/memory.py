@@ -12,9 +12,13 @@
   Selective recompute drops: core_attn the score term, mlp the 4 s b f / t MLP internals, norm the two
   LayerNorm outputs (4 s b h). Full recompute keeps only each checkpointed layer input, 2 s b h
   (/ t with sequence parallelism), and rebuilds one recompute group at a time during backward.
+  Op-level recompute keeps the layer input, the outputs of the GEMMs it does not recompute (2 s b x output
+  width / t each) and fused attention's output (2 s b h / t) and fp32 log-sum-exp (4 a s b / t, not scaled
+  by precision); unfused attention is recomputed whole.
 * Microbatches held per stage: see ``knobs.in_flight`` (1F1B: p - s; interleaved: Korthikanti et al.
   Sec. 4.2.3's (1 + (p-1)/(p v)) factor on stage 0; GPipe: all m).
-* The last stage also holds fp32 logits, 4 s b V / t bytes, for the microbatches in its loss.
+* The last stage also holds fp32 logits, 4 s b V / t bytes, for the microbatches in its loss, and the
+  inputs of its final norm and LM head, 2 x 2 s b h (/ t with sequence parallelism).
 * ``job.precision`` sets the bytes: the above is Megatron's mixed precision. fp32 training stores every
   activation in 4 bytes (twice the 16-bit terms; the logits are fp32 already) and keeps 4-byte weights and
   gradients and two 4-byte Adam moments, plus torch AdamW's 4-byte step counter per parameter tensor.
@@ -30,8 +34,8 @@ import dataclasses
 import numpy as np
 
 from .fsdp import buffer_bytes
-from .knobs import (Consts, Knobs, chunk_passes, col, encode, in_flight, stage_params, stage_tensors,
-                    state_bytes)
+from .knobs import (Consts, Knobs, chunk_passes, col, encode, in_flight, op_kept_gemms, stage_params,
+                    stage_tensors, state_bytes)
 
 OPTIMIZER_BYTES = 12.0
 TORCH_ADAM_BYTES = 8.0
@@ -45,7 +49,8 @@ MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "fsdp_buffers", "
 
 
 def activation_bytes(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
-    """Bytes per layer per microbatch (n,): everything, after selective drops, and a checkpoint."""
+    """Bytes per layer per microbatch (n,): everything, after selective drops, a checkpoint, and what op-level
+    recompute keeps."""
     sb = (C.s * K.b).astype(float)
     rep = C.t if C.sp else 1
     replicated = 10.0 * sb * C.h / rep
@@ -58,16 +63,20 @@ def activation_bytes(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     if C.precision == "bf16_autocast":
         full = full + 2.0 * C.matmul_per_layer / C.t
         dropped = dropped + np.where(K.sel_mlp, 2.0 * 2 * C.h * C.ffn / C.t, 0.0)
-    return {"full": full, "selective": full - dropped, "ckpt": 2.0 * sb * C.h / rep * x}
+    ckpt = 2.0 * sb * C.h / rep * x
+    outs = np.asarray([o for _, o in C.gemms], dtype=float)
+    kept = 2.0 * sb * (op_kept_gemms(C, K) * outs).sum(axis=1) / C.t * x
+    attn = (2.0 * sb * C.h / C.t * x + 4.0 * C.a * sb / C.t) if C.flash else 0.0
+    return {"full": full, "selective": full - dropped, "ckpt": ckpt, "op": ckpt + kept + attn}
 
 
-def _chunk_bytes(lc, rc, block, n, full, sel, ckpt) -> tuple[np.ndarray, np.ndarray]:
+def _chunk_bytes(lc, rc, block, n, full, sel, ckpt, op) -> tuple[np.ndarray, np.ndarray]:
     """(what one pass of an lc-layer model chunk keeps, the recompute working set while its backward runs),
     broadcast over whatever shape the arguments share."""
     lc = np.asarray(lc, dtype=float)
     kept = np.minimum(n, lc)
-    per_pass = np.where(rc == 0, lc * full, np.where(rc == 1, lc * sel, np.where(
-        block, kept * ckpt + (lc - kept) * full, np.ceil(lc / np.maximum(n, 1.0)) * ckpt)))
+    per_pass = np.where(rc == 0, lc * full, np.where(rc == 1, lc * sel, np.where(rc == 3, lc * op, np.where(
+        block, kept * ckpt + (lc - kept) * full, np.ceil(lc / np.maximum(n, 1.0)) * ckpt))))
     # One recompute group's full activations exist at once while its backward runs.
     working = np.where(rc == 2, np.where(block, full * (kept > 0), kept * full), 0.0)
     return per_pass, working
@@ -82,20 +91,21 @@ def stage_memory(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     state_shard = np.where(col(K.fsdp), C.d, 1)
     shard = np.where(col(K.dist | K.fsdp), C.d, 1)
     act = activation_bytes(C, K)
-    full, sel, ckpt = col(act["full"]), col(act["selective"]), col(act["ckpt"])
+    full, sel, ckpt, op = col(act["full"]), col(act["selective"]), col(act["ckpt"]), col(act["op"])
     flight = in_flight(C, K).astype(float)
-    held, working = _chunk_bytes(K.layers // col(K.v), col(K.rc), col(K.rc_block), col(K.rc_n), full, sel, ckpt)
+    held, working = _chunk_bytes(K.layers // col(K.v), col(K.rc), col(K.rc_block), col(K.rc_n), full, sel, ckpt, op)
     held = held * flight
     if len(K.uneven):
         # Ranks with chunks of unequal size: each chunk's bytes, weighted by its passes in flight.
         u = lambda x: x[K.uneven][:, :, None]  # noqa: E731
         per_u, work_u = _chunk_bytes(K.chunks, u(col(K.rc)), u(col(K.rc_block)), u(col(K.rc_n)), u(full),
-                                     u(sel), u(ckpt))
+                                     u(sel), u(ckpt), u(op))
         held[K.uneven] = (chunk_passes(C, K) * per_u).sum(axis=2)
         working[K.uneven] = work_u.max(axis=2)
     logits = np.zeros_like(P)
     head_copy = 2.0 * C.V * C.h / C.t if C.precision == "bf16_autocast" else 0.0
-    logits[:, -1] = (4.0 * C.s * K.b * C.V / C.t + head_copy) * np.ceil(flight[:, -1] / K.v)
+    head_inputs = 2 * 2.0 * C.s * K.b * C.h / (C.t if C.sp else 1) * ACTIVATION_SCALE[C.precision]
+    logits[:, -1] = (4.0 * C.s * K.b * C.V / C.t + head_inputs + head_copy) * np.ceil(flight[:, -1] / K.v)
     activations = (held + working + logits) * e.mem_activation_factor
     weight_bytes, grad_bytes = state_bytes(C, K)
     if C.precision == "mixed":

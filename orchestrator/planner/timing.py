@@ -35,7 +35,7 @@ import numpy as np
 from .comm import (all_gather_time, all_reduce_time, bucket_tail, bulk_overlap_exposed, bus_bandwidth,
                    exposed_after_slack, pipelined_overlap_exposed, reduce_scatter_time)
 from .fsdp import fsdp_times
-from .knobs import Consts, Knobs, col, interleaved_warmup, recomputed_layers, stage_params, state_bytes
+from .knobs import Consts, Knobs, col, interleaved_warmup, op_kept_gemms, recomputed_layers, stage_params, state_bytes
 from .memory import ACTIVATION_SCALE
 
 TP_OPS_FWD = 4
@@ -74,6 +74,10 @@ def layer_costs(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     ew_f = (C.ew.forward_h * T * C.h * rep + C.ew.forward_ffn * T * C.ffn / C.t) / hbm
     ew_b = (C.ew.backward_h * T * C.h * rep + C.ew.backward_ffn * T * C.ffn / C.t) / hbm
     f_tp, b_tp, mlp_tp = tp_exposed(C, T, eta)
+    # Op-level recompute (recompute.kind op) runs again the GEMMs it does not keep, every elementwise op and
+    # the forward's all-gathers / all-reduces (it keeps reduce-scatter outputs); fused attention is kept.
+    w = np.asarray([i * o for i, o in C.gemms], dtype=float)
+    op_frac = (~op_kept_gemms(C, K) * w).sum(axis=1) / w.sum()
     return {
         "f_comp": gemm + attn + ovh + ew_f,
         "b_comp": 2.0 * gemm + (ATTN_BWD_FUSED if C.flash else ATTN_BWD_UNFUSED) * attn + ovh + ew_b,
@@ -81,6 +85,8 @@ def layer_costs(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
         "b_tp": b_tp,
         "sel_comp": np.where(K.sel_mlp, mlp, 0.0) + np.where(K.sel_attn, attn, 0.0),
         "sel_tp": np.where(K.sel_mlp, mlp_tp, 0.0),  # the MLP's input all-gather runs again
+        "op_comp": op_frac * gemm + ew_f + ovh + (0.0 if C.flash else attn),
+        "op_tp": f_tp * (0.5 if C.sp else 1.0),
         "lm_f": 2.0 * T * C.V * C.h / C.t / (C.peak * eta),
         "p2p": np.where(C.p > 1, p2p_send(C, T), 0.0),
     }
@@ -141,9 +147,11 @@ def stage_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     last = np.zeros(C.p)
     last[-1] = 1.0
     n_rec = recomputed_layers(K).astype(float)
-    selective = (K.rc == 1)[:, None]
-    rec_comp = n_rec * col(lc["f_comp"]) + np.where(selective, Lk * col(lc["sel_comp"]), 0.0)
-    rec_tp = n_rec * col(lc["f_tp"]) + np.where(selective, Lk * col(lc["sel_tp"]), 0.0)
+    selective, op = (K.rc == 1)[:, None], (K.rc == 3)[:, None]
+    rec_comp = (n_rec * col(lc["f_comp"]) + np.where(selective, Lk * col(lc["sel_comp"]), 0.0)
+                + np.where(op, Lk * col(lc["op_comp"]), 0.0))
+    rec_tp = (n_rec * col(lc["f_tp"]) + np.where(selective, Lk * col(lc["sel_tp"]), 0.0)
+              + np.where(op, Lk * col(lc["op_tp"]), 0.0))
     head_f = last * col(lc["lm_f"])
     f_comp = Lk * col(lc["f_comp"]) + head_f
     b_comp = Lk * col(lc["b_comp"]) + 2.0 * head_f

@@ -21,6 +21,9 @@ WORLD2 = {
                                            "data_parallel.bucket_mb": 100.0},
     "dp2 fsdp": {"parallel.dp": 2, "data_parallel.kind": "fsdp"},
     "dp2 torch_ddp": {"parallel.dp": 2, "data_parallel.kind": "torch_ddp"},
+    # torchtitan's pairing: FSDP2 over blocks under op-level selective checkpointing.
+    "dp2 fsdp, op recompute": {"parallel.dp": 2, "data_parallel.kind": "fsdp", "recompute.kind": "op"},
+    "pp2 1f1b, op recompute every 3rd matmul": {"parallel.pp": 2, "recompute.kind": "op", "recompute.matmul_period": 3},
     "pp2 1f1b": {"parallel.pp": 2},
     "pp2 gpipe full recompute": {"parallel.pp": 2, "pipeline.schedule": "gpipe", "recompute.kind": "full"},
     "pp2 interleaved v2": {"parallel.pp": 2, "pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 2},

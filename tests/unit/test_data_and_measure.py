@@ -56,6 +56,9 @@ def test_recompute_flops_count_only_repeated_forward_work():
     assert recompute_flops_per_token(full) == 2 * per_layer_fwd
     sel = TrainConfig.from_dict({**base, "recompute": {"kind": "selective", "modules": ["core_attn"]}})
     assert recompute_flops_per_token(sel) == 4 * (4 * 16 * 8)
+    # Op-level, period 2: the 2nd and 4th matmul of each layer (attention projection, MLP down) run again.
+    op = TrainConfig.from_dict({**base, "recompute": {"kind": "op", "matmul_period": 2}})
+    assert recompute_flops_per_token(op) == 4 * 2 * (16 * 16 + 64 * 16)
 
 
 def test_saved_activation_bytes_follow_the_graph():
@@ -75,6 +78,39 @@ def test_saved_activation_bytes_follow_the_graph():
         loss = model(x).sum()
     assert 0 < acts.live < held / 2
     loss.backward()
+
+
+@pytest.mark.parametrize("period,kept_matmuls", [(2, (0, 2)), (3, (0, 1, 3)), (0, (0, 1, 2, 3)), (1, ())])
+def test_op_recompute_keeps_what_its_policy_names_and_changes_no_number(period, kept_matmuls):
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=32, n_layers=2, d_model=16, n_heads=2, seq_len=8)
+    x = torch.randint(0, 32, (2, 8))
+    ref = GPT(cfg)
+    ref.init_weights(0)
+    ref_loss = ref(x).float().logsumexp(-1).mean()
+    ref_loss.backward()
+    model = GPT(cfg)
+    model.init_weights(0)
+    for block in model.layers.values():
+        block.set_op_recompute(period)
+    acts = SavedActivations()
+    with acts.hooks():
+        loss = model(x).float().logsumexp(-1).mean()
+    held = acts.live
+    loss.backward()
+    assert acts.live == 0  # the cached outputs are released when each layer's backward starts
+    assert torch.equal(loss, ref_loss)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+    # Per layer: its fp32 input and the kept outputs (the planner's accounting: memory.activation_bytes).
+    widths = [3 * 16, 16, 64, 16]
+    per_layer = 4 * 16 * (16 + sum(widths[k] for k in kept_matmuls) + 16) + 4 * 2 * 16
+    with acts.hooks():
+        h = model.tok_emb(x) + model.pos_emb(torch.arange(8))
+        before = acts.live
+        out = model.layers["0"](h)
+    assert acts.live - before == per_layer and out.requires_grad
+    assert held > 0
 
 
 def test_unknown_gpu_peak_gives_no_mfu(monkeypatch):

@@ -148,3 +148,72 @@ def test_pipeline_sends_megatron_overlaps_hide_only_the_steady_state(overlap, sc
         pipeline_comm=PipelineComm(overlap_p2p=overlap))
     got = p2p_exposed(Consts.of(cfg), encode([cfg]), np.ones(1), np.full(1, chunk_fwd))
     assert got[0] == pytest.approx(expected)
+
+
+# ---- op-level recompute (recompute.kind op) ----------------------------------------------------------------
+
+LLAMA = dict(hidden_size=4096, num_heads=32, num_layers=4, vocab_size=1024, flash_attention=True,
+             ffn_hidden_size=(3 * 14336 + 2 * 1024 - 2 * 4096) // 2,
+             layer_gemms=((4096, 4096), (4096, 1024), (4096, 1024), (4096, 4096), (4096, 14336), (4096, 14336),
+                          (14336, 4096)))
+
+
+def _op_cfg(recompute: dict, tp: int = 1, sp: bool = False, **model) -> PlanConfig:
+    from orchestrator.planner import apply_params
+    c = _cfg(sp=sp)
+    base = dataclasses.replace(c, model=ModelSpec(**{**LLAMA, **model}),
+                               cluster=dataclasses.replace(c.cluster, num_gpus=2 * tp),
+                               tensor_parallel=TensorParallel(size=tp, sequence_parallel=sp))
+    return apply_params(base, {f"recompute.{k}": v for k, v in recompute.items()})
+
+
+def test_op_recompute_reruns_every_second_gemm_and_every_elementwise_op():
+    # The Llama block's order wq, wk, wv, wo, w1, w3, w2: period 2 reruns wk, wo and w3.
+    none, op = _lc(_op_cfg({"kind": "none"})), _lc(_op_cfg({"kind": "op", "matmul_period": 2}))
+    weights = [i * o for i, o in LLAMA["layer_gemms"]]
+    frac = (weights[1] + weights[3] + weights[5]) / sum(weights)
+    assert frac == pytest.approx(0.37, abs=0.005)  # the corpus note's 37% of the 8B's forward GEMM FLOPs
+    cfg = _op_cfg({"kind": "none"})
+    C = Consts.of(cfg)
+    hbm = C.hbm_bw * C.eff.elementwise_bw_eff
+    ew_f = (C.ew.forward_h * T * C.h + C.ew.forward_ffn * T * C.ffn) / hbm
+    attn_f = 4.0 * T * T * C.h * 0.5 / (C.peak * C.eff.attention_eff)
+    gemm = none["f_comp"] - ew_f - C.eff.op_overhead_us * 1e-6 - attn_f
+    # Fused attention is kept, so nothing of it reruns.
+    assert op["op_comp"] == pytest.approx(frac * gemm + ew_f + C.eff.op_overhead_us * 1e-6, rel=1e-9)
+    # Period 0 keeps every GEMM: only the elementwise ops rerun; period 1 reruns every GEMM.
+    keep_all = _lc(_op_cfg({"kind": "op", "matmul_period": 0}))["op_comp"]
+    assert keep_all == pytest.approx(ew_f + C.eff.op_overhead_us * 1e-6, rel=1e-9)
+    assert _lc(_op_cfg({"kind": "op", "matmul_period": 1}))["op_comp"] == pytest.approx(keep_all + gemm, rel=1e-9)
+
+
+def test_op_recompute_prices_its_rerun_in_the_step():
+    from orchestrator.planner.timing import stage_times
+    cfg = _op_cfg({"kind": "op"})
+    C, K = Consts.of(cfg), encode([cfg])
+    st, lc = stage_times(C, K), layer_costs(C, K)
+    assert np.allclose(st["rec_comp"], K.layers * lc["op_comp"][0])
+    none = _op_cfg({"kind": "none"})
+    assert stage_times(Consts.of(none), encode([none]))["rec_comp"].sum() == 0.0
+
+
+@pytest.mark.parametrize("tp,sp", [(1, False), (8, True)])
+def test_op_recompute_keeps_the_input_the_kept_gemm_outputs_and_attention(tp, sp):
+    from orchestrator.planner.memory import activation_bytes
+    cfg = _op_cfg({"kind": "op", "matmul_period": 2}, tp=tp, sp=sp)
+    act = activation_bytes(Consts.of(cfg), encode([cfg]))
+    sb, h, a = T * 1, 4096, 32
+    # Kept: the layer input (split by SP), wq's h, wv's 1024, w1's 14336 and w2's h outputs (split by TP),
+    # and the attention output (2 bytes) with its fp32 log-sum-exp per head.
+    kept = 2 * sb * h / (tp if sp else 1) + 2 * sb * (h + 1024 + 14336 + h) / tp + 2 * sb * h / tp + 4 * a * sb / tp
+    assert act["op"][0] == pytest.approx(kept, rel=1e-12)
+    assert act["op"][0] < act["full"][0]
+
+
+def test_layer_gemms_must_add_up_to_the_layer():
+    with pytest.raises(ValueError, match=r"model\.layer_gemms: .*4h\^2 \+ 2h\*ffn"):
+        ModelSpec(**{**LLAMA, "layer_gemms": ((4096, 4096),)})
+    with pytest.raises(ValueError, match=r"model\.layer_gemms: .*pairs"):
+        ModelSpec(**{**LLAMA, "layer_gemms": ((4096, 4096, 1),)})
+    h = 1024
+    assert ModelSpec(hidden_size=h, num_heads=8).gemms == ((h, 3 * h), (h, h), (h, 4 * h), (4 * h, h))

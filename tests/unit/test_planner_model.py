@@ -180,9 +180,10 @@ SMALL_SPACE = {
     "pipeline.split.kind": {"type": "categorical", "choices": ["balanced", "first_last"]},
     "pipeline.split": {"type": "layer_split", "first": [1, 4], "last": [2, 4],
                        "when": {"pipeline.split.kind": "first_last"}},
-    "recompute.kind": {"type": "categorical", "choices": ["none", "selective", "full"]},
+    "recompute.kind": {"type": "categorical", "choices": ["none", "selective", "full", "op"]},
     "recompute.method": {"type": "categorical", "choices": ["uniform", "block"], "when": {"recompute.kind": "full"}},
     "recompute.num_layers": {"type": "int", "low": 1, "high": 4, "when": {"recompute.kind": "full"}},
+    "recompute.matmul_period": {"type": "categorical", "choices": [0, 2, 3], "when": {"recompute.kind": "op"}},
     "data_parallel.overlap_grad_reduce": {"type": "categorical", "choices": [False, True]},
     "optimizer.distributed": {"type": "categorical", "choices": [False, True]},
     "optimizer.overlap_param_gather": {"type": "categorical", "choices": [False, True]},
@@ -193,10 +194,12 @@ SMALL_SPACE = {
 def test_enumerator_matches_planconfig_and_predict():
     base = _small()
     grid = enumerate_space(base, SMALL_SPACE, float_points=2)
-    assert grid.n == 4 * (1 + 1 + 3) * (1 + 4 * 3) * (1 + 1 + 2 * 4) * 2 * 2 * 2 * 2
+    assert grid.n == 4 * (1 + 1 + 3) * (1 + 4 * 3) * (1 + 1 + 2 * 4 + 3) * 2 * 2 * 2 * 2
     rng = np.random.default_rng(0)
     checked = grid_agrees_with_predict(base, grid, rng.choice(grid.n, size=600, replace=False))
     assert min(checked.values()) > 50
+    ops = [i for i in np.flatnonzero(grid.valid) if grid.params(i).get("recompute.kind") == "op"]
+    assert len(ops) >= 100 and grid_agrees_with_predict(base, grid, ops[::len(ops) // 100])[True] >= 100
     # Interleaving with a first/last split gives a rank chunks of unequal size: priced per chunk on both paths.
     uneven = [i for i in np.flatnonzero(grid.valid) if grid.params(i).get("pipeline.schedule") == "interleaved_1f1b"
               and grid.params(i).get("pipeline.split.kind") == "first_last"]

@@ -54,6 +54,8 @@ def test_flatten_names_every_knob():
     ({"recompute": {"kind": "full", "num_layers": 5}}, "recompute.num_layers"),
     ({"recompute": {"kind": "partial"}}, "recompute.kind"),
     ({"recompute": {"kind": "selective", "modules": ["attn"]}}, "recompute.modules"),
+    ({"recompute": {"kind": "op", "matmul_period": -1}}, "recompute.matmul_period"),
+    ({"recompute": {"kind": "op", "modules": ["mlp"]}}, "recompute.modules"),
     ({"data_parallel": {"kind": "replicate", "bucket_mb": 0}}, "data_parallel.bucket_mb"),
     ({"data_parallel": {"kind": "fsdp", "overlap_grad_reduce": True}}, "data_parallel.overlap_grad_reduce"),
     ({"data_parallel": {"kind": "torch_ddp"}, "parallel": {"pp": 2}}, "data_parallel.kind=torch_ddp"),

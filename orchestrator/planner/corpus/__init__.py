@@ -99,6 +99,10 @@ def row_planner_dict(r: Mapping[str, Any], eff: Efficiency) -> dict[str, Any]:
     model = {"num_layers": r["layers"], "hidden_size": r["hidden"], "num_heads": r["heads"],
              "ffn_hidden_size": equivalent_ffn(r), "vocab_size": r["vocab"], "tied_embeddings": r["tied"],
              "flash_attention": r["flash"], "linear_biases": r["biases"]}
+    if "gated_ffn" in r:  # a Llama block: separate q, k, v, o, then SwiGLU's w1, w3 and w2 (op recompute reads the order)
+        h, g = r["hidden"], r["gated_ffn"]
+        kv = r.get("kv_heads", r["heads"]) * (h // r["heads"])
+        model["layer_gemms"] = [[h, h], [h, kv], [h, kv], [h, h], [h, g], [h, g], [g, h]]
     kernels = r.get("kernels", "fused")
     if kernels == "eager":  # torchtitan without torch.compile: one kernel per elementwise op
         if "gated_ffn" not in r:
