@@ -70,6 +70,15 @@ test_fsdp_gathers.py):
 
   A two-stage pipeline of a collective stream and a compute stream, so what is hidden is never more than
   the compute it runs under and never more than the collective. Nothing here is fitted.
+* Copies on the compute stream (``copy_times``). FSDP2 runs two memory-bound copies on the stream that
+  computes, not beside it (torch 2.13, ``_fsdp_param_group.wait_for_unshard`` and
+  ``_fsdp_collectives.foreach_reduce``): after each all-gather, the copy-out of the gathered buffer into the
+  unsharded parameters (read and write, 2 x weight bytes per parameter of the group); before each
+  reduce-scatter, the copy-in of the unsharded gradients into the reduce-scatter buffer, cast to the reduce
+  dtype (read the weight-dtype gradient, write the reduce dtype). Both at HBM bandwidth x
+  ``elementwise_bw_eff``, as the layer's elementwise kernels. The copy-out adds to every gathering pass
+  (through ``stall``), the copy-in to the last microbatch's backward (pp = 1, ``sync_extra``) or to the
+  post-backward ``tail`` (pp > 1).
 """
 
 from __future__ import annotations
@@ -165,15 +174,17 @@ def fsdp_times(C: Consts, K: Knobs, f: np.ndarray, b: np.ndarray, bus: float,
     on = col(K.fsdp)
     m = col(K.m).astype(float)
     passes = gather_passes(C, K)
+    copy_out, copy_in, copy_out0, copy_in0 = copy_times(C, K, R)
     if C.p == 1:
         tail = np.where(L > 0, r, 0.0) + r0   # block 0's and the root's: the others hide under the backward
         g_bwd = np.where(col(K.raf), g, 0.0)
         quiet = pass_exposed(g, g_bwd, 0.0, f, b, L / v)
         sync = pass_exposed(g, g_bwd, r, f, b, L / v)
         zero = np.zeros_like(L, dtype=float)
-        return {"stall": on * (g0 + v * (quiet["forward"] + quiet["backward"])), "chain": zero, "up_front": zero,
-                "sync_extra": on * v * (sync["backward"] - quiet["backward"]), "tail": on * tail,
-                "total": on * (m * (L * (g + g_bwd) + g0) + L * r + r0)}
+        copies = L * copy_out * (1.0 + col(K.raf)) + copy_out0  # every gather of the microbatch
+        return {"stall": on * (g0 + v * (quiet["forward"] + quiet["backward"]) + copies), "chain": zero,
+                "up_front": zero, "sync_extra": on * (v * (sync["backward"] - quiet["backward"]) + L * copy_in + copy_in0),
+                "tail": on * tail, "total": on * (m * (L * (g + g_bwd) + g0) + L * r + r0)}
     gathering_forward = pass_exposed(g, 0.0, 0.0, f, b, L / v)["forward"]
     gathering_backward = pass_exposed(g, g, 0.0, f, b, L / v)["backward"]
     n = L / v
@@ -187,6 +198,18 @@ def fsdp_times(C: Consts, K: Knobs, f: np.ndarray, b: np.ndarray, bus: float,
     later_forwards = passes["forward"] - np.where(interleaved, 0, 1)
     later = (v * (later_forwards * gathering_forward + passes["backward"] * gathering_backward)
              + (passes["per_step"] - 1) * g0)
-    return {"stall": on * later / m, "chain": on * np.where(interleaved, 0.0, chain),
+    copies = passes["per_step"] * (L * copy_out + copy_out0)
+    return {"stall": on * (later + copies) / m, "chain": on * np.where(interleaved, 0.0, chain),
             "up_front": on * np.where(interleaved, up_front, 0.0), "sync_extra": np.zeros_like(chain),
-            "tail": on * (L * r + r0), "total": on * (passes["per_step"] * (L * g + g0) + L * r + r0)}
+            "tail": on * (L * r + r0 + L * copy_in + copy_in0),
+            "total": on * (passes["per_step"] * (L * g + g0) + L * r + r0)}
+
+
+def copy_times(C: Consts, K: Knobs, R: np.ndarray) -> tuple:
+    """Seconds on the compute stream: one block's all-gather copy-out and reduce-scatter copy-in, and the
+    root's (``R``: root parameters per stage), (n, 1) or (n, pp); see the module docstring."""
+    weight_bytes, grad_bytes = state_bytes(C, K)
+    hbm = C.hbm_bw * C.eff.elementwise_bw_eff
+    out_per_param, in_per_param = 2.0 * weight_bytes / hbm, (weight_bytes + col(grad_bytes)) / hbm
+    p = block_params(C)
+    return out_per_param * p, in_per_param * p, out_per_param * R, in_per_param * R

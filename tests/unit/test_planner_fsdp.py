@@ -31,9 +31,12 @@ BUS = 100e9 * 0.5                            # NVLink 100 GB/s x dp_bw_eff 0.5, 
 LAT = 5e-6
 
 
-def cfg(raf: bool = True, prefetch: int = 1, global_batch: int = 8, peak_tflops: float = 10.0, **over) -> PlanConfig:
+def cfg(raf: bool = True, prefetch: int = 1, global_batch: int = 8, peak_tflops: float = 10.0,
+        hbm_GBps: float = 1e12, **over) -> PlanConfig:
+    """The collectives' tests run at an unbounded HBM bandwidth, so FSDP's copies on the compute stream are ~0
+    there; ``test_copies_on_the_compute_stream`` prices them at a real one."""
     base = PlanConfig(
-        cluster=ClusterSpec(num_gpus=8, gpus_per_node=8, peak_tflops=peak_tflops, hbm_gb=80.0,
+        cluster=ClusterSpec(num_gpus=8, gpus_per_node=8, peak_tflops=peak_tflops, hbm_gb=80.0, hbm_bw_GBps=hbm_GBps,
                             intra_node_bw_GBps=100.0, intra_node_latency_us=5.0),
         model=ModelSpec(num_layers=4, hidden_size=1024, num_heads=16, vocab_size=32_000, tied_embeddings=False,
                         linear_biases=False, flash_attention=True),
@@ -108,6 +111,26 @@ def test_compute_bound_exposes_the_first_gathers_and_the_last_reduce_scatters():
     assert p.dp_exposed_s == pytest.approx(G0 + G + G + R + R0, rel=1e-9)
     # without resharding, backward gathers nothing
     assert predict(cfg(raf=False)).dp_exposed_s == pytest.approx(G0 + G + R + R0, rel=1e-9)
+
+
+# ---- copies on the compute stream ----------------------------------------------------------------------------
+
+HBM = 2000e9 * 0.8                            # 2,000 GB/s x elementwise_bw_eff 0.8
+CO, CO0 = 2 * 2 * BLOCK / HBM, 2 * 2 * ROOT / HBM          # copy-out after a gather: read + write bf16
+CI, CI0 = (2 + 4) * BLOCK / HBM, (2 + 4) * ROOT / HBM      # copy-in before a reduce-scatter: bf16 in, fp32 out
+
+
+@pytest.mark.parametrize("knobs,copies", [
+    ({}, 4 * 2 * CO + CO0 + 4 * CI + CI0),                                # every block gathered twice
+    ({"raf": False}, 4 * CO + CO0 + 4 * CI + CI0),                        # once
+    ({"global_batch": 16}, 2 * (4 * 2 * CO + CO0) + 4 * CI + CI0),       # m = 2: gathers per microbatch
+])
+def test_copies_on_the_compute_stream(knobs, copies):
+    # Compute-bound (10 TFLOP/s), so the collectives' exposure does not depend on HBM: the difference between a
+    # real and an unbounded HBM bandwidth is the copies FSDP2 runs on the compute stream.
+    real, free = predict(cfg(hbm_GBps=2000.0, **knobs)), predict(cfg(**knobs))
+    assert real.dp_exposed_s - free.dp_exposed_s == pytest.approx(copies, rel=1e-6)
+    assert real.dp_total_s == free.dp_total_s  # copies are not traffic
 
 
 # ---- exposure against an event simulation of FSDP2's streams ---------------------------------------------
@@ -317,6 +340,17 @@ def test_pipeline_compute_bound_exposes_stage_0s_first_gathers_and_its_reduce_sc
     # m times on the slowest stage (the last: the LM head) and once in the fill by stage 0
     raf = predict(piped("1f1b", True))
     assert raf.dp_exposed_s == pytest.approx(once + 4 * (G + G0_LAST) + (G + G0_FIRST), rel=1e-9)
+
+
+def test_pipeline_copies_on_the_compute_stream():
+    """Without resharding each stage gathers once per step: its copy-outs, spread over the m = 4 microbatches,
+    are paid m times on the slowest stage (the last) and once, in the fill, on stage 0; stage 0's copy-ins
+    follow its last backward, exposed (stage 1's hide under the drain)."""
+    co0_first, co0_last, ci0_first = 2 * 2 * EMB / HBM, 2 * 2 * HEAD / HBM, 6 * EMB / HBM
+    real = predict(piped("1f1b", False, cluster=dataclasses.replace(piped().cluster, hbm_bw_GBps=2000.0)))
+    free = predict(piped("1f1b", False))
+    copies = (2 * CO + co0_last) + (2 * CO + co0_first) / 4 + 2 * CI + ci0_first
+    assert real.dp_exposed_s - free.dp_exposed_s == pytest.approx(copies, rel=1e-6)
 
 
 MEMORY_PP_TABLE = [
