@@ -11,6 +11,7 @@ trial backend calls it. Prefilter: ``MemoryPrefilter.check`` on trainer configs 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -72,6 +73,8 @@ def main() -> None:
     lines = [
         "# Planner speed", "",
         f"Command: `.venv/bin/python bench/planner_speed.py --float-points {args.float_points}`", "",
+        f"Taken {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} CPUs (shared: rates move "
+        "with the machine's load).", "",
         "| path | configs | seconds | configs/s |", "|---|---:|---:|---:|",
         f"| vectorised enumeration of the preset space | {grid.n:,} | {vec_s:.2f} | {grid.n / vec_s:,.0f} |",
         f"| scalar apply_params + predict | {len(picks):,} | {scalar_s:.2f} | {len(picks) / scalar_s:,.0f} |",
