@@ -64,7 +64,8 @@ def test_bands_hold_heldout_truth_at_their_stated_rate_out_of_source():
         hits += sum(band.lo <= e <= band.hi for _, e in res)
         total += len(res)
     rate = hits / total
-    # stated 80%; with 25 rows a binomial 95% interval reaches down to about 0.62
+    # Stated 80%. Measured 32/48 (every DGXC and Llama 3 row, about half of each A100 source's): out of source the
+    # band under-covers, documented in docs/planner-validation.md. 0.62 guards against it getting worse.
     assert rate >= 0.62, f"{hits}/{total} inside"
 
 
