@@ -29,6 +29,10 @@ class Band:
     """Nominal share of truths inside (0.8 for the 10th-90th percentile)."""
     n: int
     """Held-out residuals the quantiles were taken over."""
+    out_of_source: tuple[int, int] | None = None
+    """Measured, not nominal: (inside, rows) when each source's rows are checked against the band built from
+    the other sources' leave-one-source-out residuals (``fidelity.out_of_source_coverage``); None if not
+    measured."""
 
     def __post_init__(self) -> None:
         if not (self.lo <= 0.0 <= self.hi) or self.lo <= -1.0:
@@ -46,13 +50,21 @@ class Band:
 
     @property
     def basis(self) -> str:
-        return (f"{self.coverage:.0%} band: truth = prediction / (1 + e), e between the "
+        text = (f"{self.coverage:.0%} band: truth = prediction / (1 + e), e between the "
                 f"{(1 - self.coverage) / 2:.0%} and {(1 + self.coverage) / 2:.0%} quantiles "
                 f"[{100 * self.lo:+.1f}%, {100 * self.hi:+.1f}%] of the step-time errors on {self.n} held-out "
                 f"published runs (orchestrator/planner/corpus; fits per GPU generation)")
+        if self.out_of_source is not None:
+            inside, rows = self.out_of_source
+            text += (f"; on a software stack it was not built from it held {inside} of {rows} runs "
+                     f"({inside / rows:.0%}), so there it understates the uncertainty")
+        return text
 
-    def to_dict(self) -> dict[str, float]:
-        return {"lo": self.lo, "hi": self.hi, "coverage": self.coverage, "n": self.n}
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"lo": self.lo, "hi": self.hi, "coverage": self.coverage, "n": self.n}
+        if self.out_of_source is not None:
+            out["out_of_source"] = list(self.out_of_source)
+        return out
 
 
 def write_band(band: Band, path: Path = BAND_FILE) -> Path:
@@ -68,4 +80,6 @@ def write_band(band: Band, path: Path = BAND_FILE) -> Path:
 def load_band(path: Path = BAND_FILE) -> Band:
     """The stored band (read once per process)."""
     data = yaml.safe_load(Path(path).read_text())
-    return Band(lo=float(data["lo"]), hi=float(data["hi"]), coverage=float(data["coverage"]), n=int(data["n"]))
+    oos = data.get("out_of_source")
+    return Band(lo=float(data["lo"]), hi=float(data["hi"]), coverage=float(data["coverage"]), n=int(data["n"]),
+                out_of_source=None if oos is None else (int(oos[0]), int(oos[1])))

@@ -120,11 +120,23 @@ def heldout_residuals(rows: Sequence[Row], fits: dict[str, Fit]) -> list[tuple[R
     return [(r, rel_error(predicted_step(r, fits), r.published_step_s)) for r in rows if r.split == "heldout"]
 
 
+def out_of_source_coverage(lo: dict[str, list[tuple[str, float]]]) -> tuple[int, int]:
+    """(inside, rows): each source's leave-one-source-out residuals checked against the band built from the
+    other sources' (``loso``'s output)."""
+    inside = rows = 0
+    for source, res in lo.items():
+        band = band_from_residuals([e for s, v in lo.items() if s != source for _, e in v])
+        inside += sum(band.lo <= e <= band.hi for _, e in res)
+        rows += len(res)
+    return inside, rows
+
+
 def default_band() -> Band:
     """The band every prediction carries (recomputed; ``band.load_band`` reads the stored copy): held-out
-    residuals of the corpus under the per-generation fits."""
+    residuals of the corpus under the per-generation fits, with its measured out-of-source coverage."""
     rows = load()
-    return band_from_residuals([e for _, e in heldout_residuals(rows, fit_all(rows))])
+    band = band_from_residuals([e for _, e in heldout_residuals(rows, fit_all(rows))])
+    return dataclasses.replace(band, out_of_source=out_of_source_coverage(loso(rows)))
 
 
 def refresh_band() -> Band:

@@ -54,19 +54,15 @@ def test_h100_fit_moves_at_most_one_parameter_per_fit_row():
 
 
 def test_bands_hold_heldout_truth_at_their_stated_rate_out_of_source():
-    """Band built from the other sources' LOSO residuals, checked on the left-out source's rows."""
-    rows = corpus.load()
-    lo = fidelity.loso(rows)
-    hits = total = 0
-    for source, res in lo.items():
-        others = [e for s, v in lo.items() if s != source for _, e in v]
-        band = fidelity.band_from_residuals(others)
-        hits += sum(band.lo <= e <= band.hi for _, e in res)
-        total += len(res)
-    rate = hits / total
+    """Band built from the other sources' LOSO residuals, checked on the left-out source's rows; the stored band
+    states the measured share (every prediction's band_basis says it)."""
+    from orchestrator.planner.band import load_band
+    hits, total = fidelity.out_of_source_coverage(fidelity.loso(corpus.load()))
     # Stated 80%. Measured 32/48 (every DGXC and Llama 3 row, about half of each A100 source's): out of source the
     # band under-covers, documented in docs/planner-validation.md. 0.62 guards against it getting worse.
-    assert rate >= 0.62, f"{hits}/{total} inside"
+    assert hits / total >= 0.62, f"{hits}/{total} inside"
+    assert load_band().out_of_source == (hits, total)
+    assert f"held {hits} of {total} runs" in load_band().basis
 
 
 def test_stored_band_matches_the_corpus():
@@ -74,7 +70,9 @@ def test_stored_band_matches_the_corpus():
     bench/planner_validation.py to refresh it."""
     from orchestrator.planner.band import load_band
 
-    stored, fresh = load_band(), fidelity.default_band()
+    rows = corpus.load()  # the out-of-source share is checked in the test above (it refits per source)
+    stored = load_band()
+    fresh = fidelity.band_from_residuals([e for _, e in fidelity.heldout_residuals(rows, fidelity.fit_all(rows))])
     assert (stored.n, stored.coverage) == (fresh.n, fresh.coverage)
     assert abs(stored.lo - fresh.lo) < 1e-5 and abs(stored.hi - fresh.hi) < 1e-5
 
