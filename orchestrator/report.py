@@ -24,7 +24,7 @@ _SHORT = {"batch.micro_batch_size": "mbs", "parallel.pp": "pp", "pipeline.schedu
           "pipeline.virtual_stages": "v", "pipeline.split.first": "first", "pipeline.split.last": "last",
           "data_parallel.overlap_grad_reduce": "overlap", "data_parallel.bucket_mb": "bucket_mb",
           "data_parallel.kind": "dp", "recompute.kind": "recompute", "recompute.num_layers": "rc_layers",
-          "recompute.method": "rc_method", "pipeline.split.kind": "split",
+          "recompute.method": "rc_method", "recompute.matmul_period": "rc_mm_period", "pipeline.split.kind": "split",
           "optimizer.overlap_param_gather": "param_gather", "data_parallel.overlap_param_gather": "param_gather"}
 
 

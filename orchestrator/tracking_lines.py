@@ -50,6 +50,7 @@ def progress_points(record: TrialRecord, best: float) -> list[tuple[str, int, fl
 
 _NAME = {"parallel.pp": "pp", "parallel.dp": "dp", "batch.micro_batch_size": "mbs", "pipeline.schedule": "",
          "pipeline.virtual_stages": "v", "recompute.kind": "rc=", "recompute.num_layers": "rcl",
+         "recompute.matmul_period": "mmp",
          "recompute.method": "rcm=", "data_parallel.kind": "", "data_parallel.overlap_grad_reduce": "overlap",
          "optimizer.overlap_param_gather": "pgather", "data_parallel.bucket_mb": "bkt",
          "pipeline.split.first": "first", "pipeline.split.last": "last", "pipeline.split.kind": "split="}
