@@ -52,11 +52,12 @@ def test_single_gpu_bf16_run_reports_cuda_memory_and_declared_peak():
 
 
 def test_recompute_matches_the_single_process_reference():
-    names = ["selective core_attn", "selective mlp+norm", "full uniform", "full block 2"]
+    names = ["selective core_attn", "selective mlp+norm", "full uniform", "full block 2", "op every 2nd matmul"]
     ref, *rest = spawn_many([cfg(FP32), cfg(FP32, recompute__kind="selective"),
                              cfg(FP32, recompute__kind="selective", recompute__modules=["mlp", "norm"]),
                              cfg(FP32, recompute__kind="full"),
-                             cfg(FP32, recompute__kind="full", recompute__method="block", recompute__num_layers=2)])
+                             cfg(FP32, recompute__kind="full", recompute__method="block", recompute__num_layers=2),
+                             cfg(FP32, recompute__kind="op")])
     assert_matches(ref, rest, names)
     # Full recompute repeats the forward: the hardware FLOPs grow, the model FLOPs do not.
     assert rest[2].summary.hardware_flops_per_step > ref.summary.hardware_flops_per_step
