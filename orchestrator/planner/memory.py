@@ -18,13 +18,15 @@
 * Microbatches held per stage: see ``knobs.in_flight`` (1F1B: p - s; interleaved: Korthikanti et al.
   Sec. 4.2.3's (1 + (p-1)/(p v)) factor on stage 0; GPipe: all m).
 * The last stage also holds fp32 logits, 4 s b V / t bytes, for the microbatches in its loss, and the
-  inputs of its final norm and LM head, 2 x 2 s b h (/ t with sequence parallelism).
+  inputs of its final norm and LM head, 2 x 2 s b h (/ t with sequence parallelism; the norm's fp32 under
+  autocast).
 * ``job.precision`` sets the bytes: the above is Megatron's mixed precision. fp32 training stores every
   activation in 4 bytes (twice the 16-bit terms; the logits are fp32 already) and keeps 4-byte weights and
   gradients and two 4-byte Adam moments, plus torch AdamW's 4-byte step counter per parameter tensor.
   bf16 autocast keeps fp32 model state like fp32 with 16-bit activations, and, with autocast's weight cache
   off (the steptune trainer's setting), each GEMM also saves the bf16 copy of its weight for every
-  microbatch in flight (2 bytes per GEMM weight); a checkpointed region saves neither.
+  microbatch in flight (2 bytes per GEMM weight); a checkpointed region saves neither, and its checkpoint (the
+  layer input, on the residual stream) stays fp32.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ def activation_bytes(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     if C.precision == "bf16_autocast":
         full = full + 2.0 * C.matmul_per_layer / C.t
         dropped = dropped + np.where(K.sel_mlp, 2.0 * 2 * C.h * C.ffn / C.t, 0.0)
-    ckpt = 2.0 * sb * C.h / rep * x
+    # A checkpoint keeps the layer input, the residual stream: fp32 under torch autocast (only GEMM outputs are bf16).
+    ckpt = 2.0 * sb * C.h / rep * (2.0 if C.precision == "bf16_autocast" else x)
     outs = np.asarray([o for _, o in C.gemms], dtype=float)
     kept = 2.0 * sb * (op_kept_gemms(C, K) * outs).sum(axis=1) / C.t * x
     attn = (2.0 * sb * C.h / C.t * x + 4.0 * C.a * sb / C.t) if C.flash else 0.0
@@ -104,7 +107,9 @@ def stage_memory(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
         working[K.uneven] = work_u.max(axis=2)
     logits = np.zeros_like(P)
     head_copy = 2.0 * C.V * C.h / C.t if C.precision == "bf16_autocast" else 0.0
-    head_inputs = 2 * 2.0 * C.s * K.b * C.h / (C.t if C.sp else 1) * ACTIVATION_SCALE[C.precision]
+    # The final norm's input is the residual stream (fp32 under autocast), the LM head's its 16-bit cast.
+    norm_in = 4.0 if C.precision in ("fp32", "bf16_autocast") else 2.0
+    head_inputs = (norm_in + 2.0 * ACTIVATION_SCALE[C.precision]) * C.s * K.b * C.h / (C.t if C.sp else 1)
     logits[:, -1] = (4.0 * C.s * K.b * C.V / C.t + head_inputs + head_copy) * np.ceil(flight[:, -1] / K.v)
     activations = (held + working + logits) * e.mem_activation_factor
     weight_bytes, grad_bytes = state_bytes(C, K)

@@ -15,11 +15,12 @@ pytestmark = pytest.mark.distributed
 ACTIVATION_RANGE = (0.9, 1.1)
 """Measured / predicted saved-activation bytes on CPU without full recompute: 0.95-0.96 measured without recompute
 (the planner's per-layer formula counts dropout masks the trainer's model has none of) and 1.003-1.007 with op
-recompute (fp32, pp 1-2, 1F1B and GPipe)."""
+recompute (fp32 and bf16 autocast, pp 1-2, 1F1B and GPipe, FSDP dp 2)."""
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("recompute", [{}, {"recompute__kind": "op"}], ids=["no recompute", "op recompute"])
+@pytest.mark.parametrize("recompute", [{}, {"recompute__kind": "op"}, {"recompute__kind": "op", "run__precision": "bf16"}],
+                         ids=["no recompute", "op recompute", "op recompute bf16"])
 def test_prediction_against_a_real_cpu_run(recompute):
     cfg = tcfg(parallel__pp=2, batch__micro_batch_size=2, model__n_layers=4, batch__global_batch=8, **recompute)
     result = spawn(cfg)
