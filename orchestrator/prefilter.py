@@ -67,7 +67,7 @@ def plan_for_trial(train_cfg: Any, cluster: ClusterSpec, efficiency: Efficiency 
                       vocab_size=m.vocab_size, tied_embeddings=False, linear_biases=False,
                       # CPU and CUDA SDPA pick fused kernels that keep no s x s scores (measured on CPU:
                       # ScaledDotProductFlashAttentionForCpu), which is what flash_attention models.
-                      flash_attention=True, position_embeddings=m.seq_len)
+                      flash_attention=True, position_embeddings=m.seq_len, layer_gemms=m.layer_matmuls)
     job = JobSpec(seq_len=m.seq_len, precision="fp32" if train_cfg.run.precision == "fp32" else "bf16_autocast")
     pipeline = train_cfg.pipeline
     if par.pp == 1:

@@ -48,6 +48,14 @@ class ModelConfig:
     def ffn_dim(self) -> int:
         return self.d_ff or 4 * self.d_model
 
+    @property
+    def layer_matmuls(self) -> tuple[tuple[int, int], ...]:
+        """A block's matmuls in forward order as (input width, output width): QKV, attention projection, MLP
+        up, MLP down (``trainer.model.Block``; what op-level recompute counts, and the planner's
+        ``model.layer_gemms`` for trainer configs)."""
+        d, f = self.d_model, self.ffn_dim
+        return (d, 3 * d), (d, d), (d, f), (f, d)
+
 
 @dataclass(frozen=True)
 class SyntheticData:

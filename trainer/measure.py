@@ -22,7 +22,7 @@ from torch import nn
 
 from trainer.config import FullRecompute, ModelConfig, OpRecompute, SelectiveRecompute, TrainConfig
 from trainer.layout import recompute_groups
-from trainer.model import layer_matmuls, matmul_params
+from trainer.model import matmul_params
 from trainer.op_checkpoint import counting_cached_outputs
 from trainer.result import Span
 
@@ -181,7 +181,7 @@ def recompute_flops_per_token(cfg: TrainConfig) -> float:
         per += 2.0 * 2 * m.d_model * m.ffn_dim if "mlp" in rc.modules else 0.0
         return m.n_layers * per
     if isinstance(rc, OpRecompute):
-        return m.n_layers * 2.0 * sum(i * o for k, (i, o) in enumerate(layer_matmuls(m), 1)
+        return m.n_layers * 2.0 * sum(i * o for k, (i, o) in enumerate(m.layer_matmuls, 1)
                                       if rc.matmul_period and k % rc.matmul_period == 0)
     return 0.0
 

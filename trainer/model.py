@@ -143,13 +143,6 @@ class GPT(nn.Module):
             p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32).mul_(std))
 
 
-def layer_matmuls(cfg: ModelConfig) -> list[tuple[int, int]]:
-    """A block's matmuls in forward order as (input width, output width): QKV, attention projection, MLP up,
-    MLP down (the planner's default ``model.layer_gemms``)."""
-    d, f = cfg.d_model, cfg.ffn_dim
-    return [(d, 3 * d), (d, d), (d, f), (f, d)]
-
-
 def matmul_params(cfg: ModelConfig) -> tuple[int, int]:
     """(parameters per layer in matmuls, head matmul parameters): the N of the 6N FLOPs rule."""
     d, f = cfg.d_model, cfg.ffn_dim

@@ -56,7 +56,6 @@ class LayerPolicy:
         self.period = period
         self.matmuls = {False: 0, True: 0}  # forward and recompute count apart (older torch asks in both)
         self.kept_bytes = 0
-        self.kept_ops: list[str] = []
         self._storages: set[int] = set()
 
     def __call__(self, ctx, func, *args, **kwargs) -> CheckpointPolicy:
@@ -66,7 +65,6 @@ class LayerPolicy:
         else:
             keep = func in KEPT
         if keep and not ctx.is_recompute:
-            self.kept_ops.append(str(func))
             self._count(getattr(ctx, "op_output", None))
         return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -79,7 +77,7 @@ class LayerPolicy:
                     self.kept_bytes += storage.nbytes()
 
 
-class _Held:
+class _ReleaseOnce:
     """Releases a layer's cached bytes once: when its backward starts, or when its graph is freed unused."""
 
     def __init__(self, release: Callable[[], None]) -> None:
@@ -95,7 +93,7 @@ class _ReleaseAtBackward(torch.autograd.Function):
     with its graph."""
 
     @staticmethod
-    def forward(ctx, y: torch.Tensor, held: _Held) -> torch.Tensor:
+    def forward(ctx, y: torch.Tensor, held: _ReleaseOnce) -> torch.Tensor:
         ctx.held = held
         return y.view_as(y)
 
@@ -112,5 +110,5 @@ def op_checkpoint(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, p
                    context_fn=lambda: create_selective_checkpoint_contexts(policy))
     sink = _sink.get()
     if sink is not None and policy.kept_bytes and y.requires_grad:
-        y = _ReleaseAtBackward.apply(y, _Held(sink.hold(policy.kept_bytes)))
+        y = _ReleaseAtBackward.apply(y, _ReleaseOnce(sink.hold(policy.kept_bytes)))
     return y

@@ -76,8 +76,10 @@ def layer_costs(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     f_tp, b_tp, mlp_tp = tp_exposed(C, T, eta)
     # Op-level recompute (recompute.kind op) runs again the GEMMs it does not keep, every elementwise op and
     # the forward's all-gathers / all-reduces (it keeps reduce-scatter outputs); fused attention is kept.
-    w = np.asarray([i * o for i, o in C.gemms], dtype=float)
-    op_frac = (~op_kept_gemms(C, K) * w).sum(axis=1) / w.sum()
+    op_frac = 0.0
+    if (K.rc == 3).any():  # the enumerator's usual space has no op recompute: keep it at full speed
+        w = np.asarray([i * o for i, o in C.gemms], dtype=float)
+        op_frac = (~op_kept_gemms(C, K) * w).sum(axis=1) / w.sum()
     return {
         "f_comp": gemm + attn + ovh + ew_f,
         "b_comp": 2.0 * gemm + (ATTN_BWD_FUSED if C.flash else ATTN_BWD_UNFUSED) * attn + ovh + ew_b,

@@ -113,6 +113,18 @@ def test_op_recompute_keeps_what_its_policy_names_and_changes_no_number(period, 
     assert held > 0
 
 
+def test_layer_matmuls_is_the_order_the_block_runs_its_linears_in():
+    # Op recompute's period counts matmuls in this order, and the planner prices trainer configs with it.
+    cfg = ModelConfig(vocab_size=32, n_layers=1, d_model=16, n_heads=2, seq_len=8, d_ff=40)
+    block = GPT(cfg).layers["0"]
+    seen = []
+    for mod in block.modules():
+        if isinstance(mod, torch.nn.Linear):
+            mod.register_forward_hook(lambda m, i, o: seen.append((m.in_features, m.out_features)))
+    block(torch.randn(2, 8, 16))
+    assert tuple(seen) == cfg.layer_matmuls == ((16, 48), (16, 16), (16, 40), (40, 16))
+
+
 def test_unknown_gpu_peak_gives_no_mfu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Mystery GPU 9000")
     peak, basis = peak_flops(torch.device("cuda", 0), "bf16")
