@@ -192,6 +192,36 @@ def fsdp_memory(lines: list[str], rows, fits) -> None:
     lines.append("")
 
 
+TT_NIC_GBPS = (25.0, 12.5, 6.25)
+"""Inter-node bandwidth per GPU for the torchtitan sensitivity: the DGX A100 file's, a half and a quarter."""
+
+
+def torchtitan_section(lines: list[str]) -> None:
+    """torchtitan's rows: their MFU as the page computes it (a transcription check), and how the predicted step
+    moves with the network, which the page does not state (a sensitivity: the rows keep the cluster file's)."""
+    rows = [r for r in corpus.load() if r.source == "TT"]
+    fits = fidelity.fit_all(corpus.load())
+    lines += ["## 9. torchtitan rows: MFU cross-check and network sensitivity (diagnostic)", "",
+              "MFU from the published tokens/s as (6 N + 12 l h s) tokens/s / 312 TFLOP/s, N every GEMM and "
+              "embedding parameter (the basis that reproduces the page's figures). Step error at lower inter-node bandwidth per GPU (GB/s); the corpus keeps "
+              f"{TT_NIC_GBPS[0]:g}.", "",
+              "| row | page MFU | implied MFU | " + " | ".join(f"error at {b:g}" for b in TT_NIC_GBPS) + " |",
+              "|---|---:|---:|" + "---:|" * len(TT_NIC_GBPS)]
+    for r in rows:
+        x = r.raw
+        h, layers, g = x["hidden"], x["layers"], x["gated_ffn"]
+        kv = x.get("kv_heads", x["heads"]) * (h // x["heads"])
+        n = layers * (2 * h * h + 2 * h * kv + 3 * h * g) + 2 * x["vocab"] * h  # norms aside: < 0.01%
+        implied = (6 * n + 12 * layers * h * x["seq"]) * x["mbs"] * x["seq"] / r.published_step_s / 312e12
+        cfg = r.config(fidelity.transferred_efficiency(fits, r.gpu))
+        errs = []
+        for bw in TT_NIC_GBPS:
+            c = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, inter_node_bw_GBps=bw))
+            errs.append(f"{_pct(predict(c).step_time_s, r.published_step_s):+.1f}%")
+        lines.append(f"| {r.id} | {x['page_mfu']}% | {100 * implied:.1f}% | " + " | ".join(errs) + " |")
+    lines.append("")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench/results/planner_validation.md"))
@@ -200,6 +230,7 @@ def main() -> None:
     corpus_section(lines)
     memory_section(lines)
     feasibility_section(lines)
+    torchtitan_section(lines)
     lines += ["The 500B preset, blind and calibrated: `python bench/preset_500b.py` (bench/results/preset_500b.md).", ""]
     write_and_print("\n".join(lines), args.out)
 

@@ -13,9 +13,9 @@ from trainer.launch import spawn
 pytestmark = pytest.mark.distributed
 
 ACTIVATION_RANGE = (0.9, 1.1)
-"""Measured / predicted saved-activation bytes on CPU without full recompute: 0.95-0.96 measured without recompute
-(the planner's per-layer formula counts dropout masks the trainer's model has none of) and 1.003-1.007 with op
-recompute (fp32 and bf16 autocast, pp 1-2, 1F1B and GPipe, FSDP dp 2)."""
+"""Measured / predicted saved-activation bytes on CPU without full recompute: 0.95-0.96 in fp32 without recompute
+(the planner's per-layer formula counts dropout masks the trainer's model has none of), 1.003-1.009 with op
+recompute (fp32 and bf16 autocast); the table: bench/activation_memory.py."""
 
 
 @pytest.mark.timeout(120)
