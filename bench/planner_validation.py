@@ -81,7 +81,8 @@ def corpus_section(lines: list[str]) -> None:
     lw = max(worst.values())
     lines += [f"| leave-one-source-out worst abs error | <= 15% | {lw:.1f}% | {lw <= 15} |",
               f"| held-out truth inside the {band.coverage:.0%} band | {band.coverage:.0%} | "
-              f"{inside}/{len(held)} | (in-sample: the band is built from these residuals) |",
+              f"{inside}/{len(held)} | {inside / len(held) >= band.coverage} (in sample: the band is cut from these "
+              "residuals at split-conformal ranks) |",
               f"| out of source: each source's rows inside the band of the others' LOSO residuals | "
               f"{band.coverage:.0%} | {band.out_of_source[0]}/{band.out_of_source[1]} | "
               f"{band.out_of_source[0] / band.out_of_source[1] >= band.coverage} |", "",

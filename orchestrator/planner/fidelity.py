@@ -3,7 +3,9 @@
 * one efficiency set per GPU generation, fitted only on the corpus rows declared ``fit`` for it (B200 and
   H200 have no published rows: they take the H100 set, which is a transfer, said so wherever it is used);
 * held-out errors, leave-one-source-out (refit without a source, predict that source), and
-* a prediction band: the empirical quantiles of held-out relative residuals, applied to any prediction.
+* a prediction band: two order statistics of the held-out relative residuals, chosen by the split-conformal
+  rule so that the band covers a new run like the held-out ones at least at its stated rate, applied to any
+  prediction.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .band import Band, write_band
+from .band import BAND_COVERAGE, Band, conformal_ranks, write_band
 from .calibrate import calibrate
 from .cluster import Efficiency
 from .corpus import Row, load
@@ -31,8 +33,6 @@ H100_FIT = ("matmul_eff", "dp_bw_eff")
 not an efficiency: a row says whether its run had it (``tp_comm_overlap``) and timing.py derives what stays
 exposed from the GEMMs it runs under. Declared in corpus.yaml's header with the split."""
 TRANSFER = {"h200": "h100-sxm", "b200": "h100-sxm"}
-BAND_QUANTILES = (0.1, 0.9)
-"""An 80% band from the held-out residuals."""
 
 
 @dataclass(frozen=True)
@@ -108,12 +108,11 @@ def loso(rows: Sequence[Row]) -> dict[str, list[tuple[str, float]]]:
     return out
 
 
-def band_from_residuals(residuals: Sequence[float], q: tuple[float, float] = BAND_QUANTILES) -> Band:
-    r = np.asarray(residuals, dtype=float)
-    if len(r) < 2:
-        raise ValueError("band: needs at least two held-out residuals")
-    lo, hi = np.quantile(r, q)
-    return Band(float(min(lo, 0.0)), float(max(hi, 0.0)), q[1] - q[0], len(r))
+def band_from_residuals(residuals: Sequence[float], coverage: float = BAND_COVERAGE) -> Band:
+    """The band from held-out residuals at their split-conformal ranks (``conformal_ranks``), widened to hold 0."""
+    r = np.sort(np.asarray(residuals, dtype=float))
+    k_lo, k_hi = conformal_ranks(len(r), coverage)
+    return Band(float(min(r[k_lo - 1], 0.0)), float(max(r[k_hi - 1], 0.0)), coverage, len(r))
 
 
 def heldout_residuals(rows: Sequence[Row], fits: dict[str, Fit]) -> list[tuple[Row, float]]:

@@ -62,7 +62,7 @@ class Prediction:
     step_time_high_s: float
     """Upper end of the band: what a robust plan is judged by."""
     band_basis: str
-    """Where the band comes from (coverage, quantiles, how many held-out runs)."""
+    """Where the band comes from (coverage, the ranks it is cut at, how many held-out runs)."""
     efficiency_basis: str
     """prior | blind | calibrated | fitted: which kind of efficiency set produced this prediction."""
 

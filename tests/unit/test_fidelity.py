@@ -58,11 +58,24 @@ def test_bands_hold_heldout_truth_at_their_stated_rate_out_of_source():
     states the measured share (every prediction's band_basis says it)."""
     from orchestrator.planner.band import load_band
     hits, total = fidelity.out_of_source_coverage(fidelity.loso(corpus.load()))
-    # Stated 80%. Measured 32/48 (every DGXC and Llama 3 row, about half of each A100 source's): out of source the
-    # band under-covers, documented in docs/planner-validation.md. 0.62 guards against it getting worse.
-    assert hits / total >= 0.62, f"{hits}/{total} inside"
+    # Stated 80%. Measured 36/48 with split-conformal ranks (32/48 with plain quantiles): every DGXC and Llama 3
+    # row, about two thirds of each A100 source's. Out of source the band under-covers, documented in
+    # docs/planner-validation.md; 0.72 guards against it getting worse.
+    assert hits / total >= 0.72, f"{hits}/{total} inside"
     assert load_band().out_of_source == (hits, total)
     assert f"held {hits} of {total} runs" in load_band().basis
+
+
+def test_band_holds_the_heldout_truth_at_least_at_its_stated_rate_in_sample():
+    """Cut at the split-conformal ranks, the band holds at least its stated share of the residuals it came from
+    (plain 10th-90th quantiles of 25 values held 19, 76%, for a stated 80%)."""
+    from orchestrator.planner.band import load_band
+
+    band = load_band()
+    rows = corpus.load()
+    res = [e for _, e in fidelity.heldout_residuals(rows, fidelity.fit_all(rows))]
+    inside = sum(band.lo <= e <= band.hi for e in res)
+    assert inside / len(res) >= band.coverage, f"{inside}/{len(res)} inside"
 
 
 def test_stored_band_matches_the_corpus():

@@ -47,6 +47,39 @@ def test_band_direction_residual_is_pred_over_truth():
         Band(lo=0.1, hi=0.2, coverage=0.8, n=3)
 
 
+@pytest.mark.parametrize("n, ranks", [(9, (1, 9)), (10, (1, 10)), (19, (2, 18)), (25, (2, 24)), (48, (4, 45)),
+                                      (99, (10, 90))])
+def test_conformal_ranks_from_a_table(n, ranks):
+    """k_lo = floor((n + 1) 0.1), k_hi = ceil((n + 1) 0.9) for an 80% band."""
+    from orchestrator.planner.band import conformal_ranks
+
+    assert conformal_ranks(n) == ranks
+
+
+def test_too_few_residuals_for_the_stated_coverage_name_the_minimum():
+    from orchestrator.planner.band import conformal_ranks
+    from orchestrator.planner.fidelity import band_from_residuals
+
+    with pytest.raises(ValueError, match="at least 9 held-out residuals, got 8"):
+        conformal_ranks(8)
+    with pytest.raises(ValueError, match="at least 9"):
+        band_from_residuals([0.01 * i for i in range(8)])
+    with pytest.raises(ValueError, match="at least 19 held-out residuals"):
+        Band(lo=-0.1, hi=0.1, coverage=0.9, n=10)
+
+
+def test_band_is_cut_at_the_conformal_ranks_and_holds_zero():
+    from orchestrator.planner.fidelity import band_from_residuals
+
+    r = [-0.30, -0.20, -0.10, -0.05, 0.0, 0.01, 0.02, 0.05, 0.10, 0.25]  # n = 10: ranks 1 and 10
+    b = band_from_residuals(list(reversed(r)))
+    assert (b.lo, b.hi, b.n) == (-0.30, 0.25, 10)
+    r25 = [-0.5, -0.4] + [0.01 * i for i in range(1, 22)] + [0.6, 0.9]  # ranks 2 and 24: -0.4 and 0.6
+    b = band_from_residuals(r25)
+    assert (b.lo, b.hi) == (-0.4, 0.6) and "2nd and 24th smallest" in b.basis
+    assert band_from_residuals([0.01 * i for i in range(1, 26)]).lo == 0.0  # all slow: the band still holds 0
+
+
 @pytest.mark.parametrize("bad", ["guess", "", None])
 def test_efficiency_basis_is_validated(bad):
     with pytest.raises(ValueError, match="basis: must be one of prior, blind, calibrated, fitted"):
