@@ -176,6 +176,10 @@ class OpRecompute:
     def __post_init__(self) -> None:
         _check_ints(self, "recompute", ("matmul_period",), lo=0)
 
+    def recomputes_matmul(self, k: int) -> bool:
+        """Whether the k-th matmul of a layer (1-based, forward order) runs again in backward."""
+        return self.matmul_period > 0 and k % self.matmul_period == 0
+
 
 Recompute = Union[NoRecompute, SelectiveRecompute, FullRecompute, OpRecompute]
 

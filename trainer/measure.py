@@ -182,7 +182,7 @@ def recompute_flops_per_token(cfg: TrainConfig) -> float:
         return m.n_layers * per
     if isinstance(rc, OpRecompute):
         return m.n_layers * 2.0 * sum(i * o for k, (i, o) in enumerate(m.layer_matmuls, 1)
-                                      if rc.matmul_period and k % rc.matmul_period == 0)
+                                      if rc.recomputes_matmul(k))
     return 0.0
 
 

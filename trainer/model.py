@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trainer.config import ModelConfig
+from trainer.config import ModelConfig, OpRecompute
 from trainer.op_checkpoint import op_checkpoint
 
 
@@ -66,19 +66,19 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.recompute_modules: frozenset[str] = frozenset()
         """Selective recompute: sub-modules whose activations are dropped and recomputed in backward."""
-        self.op_recompute_period: int | None = None
-        """Op-level recompute (trainer.op_checkpoint): every n-th matmul and all non-kept ops; None: off."""
+        self.op_recompute: OpRecompute | None = None
+        """Op-level recompute (trainer.op_checkpoint): the matmuls it names and all non-kept ops; None: off."""
 
     def set_selective_recompute(self, modules: Iterable[str]) -> None:
         self.recompute_modules = frozenset(modules)
         self.attn.recompute_core = "core_attn" in self.recompute_modules
 
-    def set_op_recompute(self, matmul_period: int) -> None:
-        self.op_recompute_period = matmul_period
+    def set_op_recompute(self, rc: OpRecompute) -> None:
+        self.op_recompute = rc
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.op_recompute_period is not None and torch.is_grad_enabled():
-            return op_checkpoint(self._forward, x, self.op_recompute_period)
+        if self.op_recompute is not None and torch.is_grad_enabled():
+            return op_checkpoint(self._forward, x, self.op_recompute)
         return self._forward(x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:

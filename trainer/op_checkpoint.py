@@ -21,6 +21,8 @@ from typing import Callable, Iterator, Protocol
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from trainer.knobs import OpRecompute
+
 _aten = torch.ops.aten
 MATMULS = frozenset({_aten.mm.default})
 """What counts as a layer's matmul (a Linear on a 3-d input reaches the dispatcher as mm)."""
@@ -52,8 +54,8 @@ def counting_cached_outputs(sink: CachedBytesSink) -> Iterator[None]:
 class LayerPolicy:
     """One layer's forward: the selective-checkpoint decision per op, and the bytes it kept."""
 
-    def __init__(self, period: int) -> None:
-        self.period = period
+    def __init__(self, rc: OpRecompute) -> None:
+        self.rc = rc
         self.matmuls = {False: 0, True: 0}  # forward and recompute count apart (older torch asks in both)
         self.kept_bytes = 0
         self._storages: set[int] = set()
@@ -61,7 +63,7 @@ class LayerPolicy:
     def __call__(self, ctx, func, *args, **kwargs) -> CheckpointPolicy:
         if func in MATMULS:
             self.matmuls[ctx.is_recompute] += 1
-            keep = not (self.period and self.matmuls[ctx.is_recompute] % self.period == 0)
+            keep = not self.rc.recomputes_matmul(self.matmuls[ctx.is_recompute])
         else:
             keep = func in KEPT
         if keep and not ctx.is_recompute:
@@ -103,9 +105,9 @@ class _ReleaseAtBackward(torch.autograd.Function):
         return grad, None
 
 
-def op_checkpoint(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, period: int) -> torch.Tensor:
-    """``fn(x)`` with op-level recompute of every ``period``-th matmul and all non-kept ops."""
-    policy = LayerPolicy(period)
+def op_checkpoint(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rc: OpRecompute) -> torch.Tensor:
+    """``fn(x)`` with op-level recompute of the matmuls ``rc`` names and all non-kept ops."""
+    policy = LayerPolicy(rc)
     y = checkpoint(fn, x, use_reentrant=False,
                    context_fn=lambda: create_selective_checkpoint_contexts(policy))
     sink = _sink.get()

@@ -57,7 +57,7 @@ def apply_recompute(chunk: GPT, cfg: TrainConfig) -> None:
             block.set_selective_recompute(rc.modules)
     elif isinstance(rc, OpRecompute):
         for block in chunk.layers.values():
-            block.set_op_recompute(rc.matmul_period)
+            block.set_op_recompute(rc)
 
 
 def apply_fsdp(chunk: GPT, dp_group: dist.ProcessGroup, dp_cfg: FsdpDP, device: torch.device) -> None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.config import ModelConfig, TrainConfig
+from trainer.config import ModelConfig, OpRecompute, TrainConfig
 from trainer.data import SyntheticCorpus, TokenFile, make_token_file, replica_batch
 from trainer.measure import SavedActivations, model_flops_per_token, peak_flops, recompute_flops_per_token
 from trainer.model import GPT
@@ -92,7 +92,7 @@ def test_op_recompute_keeps_what_its_policy_names_and_changes_no_number(period, 
     model = GPT(cfg)
     model.init_weights(0)
     for block in model.layers.values():
-        block.set_op_recompute(period)
+        block.set_op_recompute(OpRecompute(matmul_period=period))
     acts = SavedActivations()
     with acts.hooks():
         loss = model(x).float().logsumexp(-1).mean()

@@ -187,6 +187,18 @@ def test_op_recompute_reruns_every_second_gemm_and_every_elementwise_op():
     assert _lc(_op_cfg({"kind": "op", "matmul_period": 1}))["op_comp"] == pytest.approx(keep_all + gemm, rel=1e-9)
 
 
+def test_planner_keeps_the_gemms_the_trainer_knob_keeps():
+    """knobs.op_kept_gemms (vectorised over configs) is trainer.knobs.OpRecompute.recomputes_matmul's rule."""
+    from orchestrator.planner.knobs import op_kept_gemms
+    from trainer.knobs import OpRecompute
+
+    periods = (0, 1, 2, 3, 5)
+    cfgs = [_op_cfg({"kind": "op", "matmul_period": p}) for p in periods] + [_op_cfg({"kind": "full"})]
+    C, K = Consts.of(cfgs[0]), encode(cfgs)
+    expected = [[not OpRecompute(matmul_period=p).recomputes_matmul(k) for k in range(1, 8)] for p in periods]
+    assert op_kept_gemms(C, K).tolist() == expected + [[True] * 7]
+
+
 def test_op_recompute_prices_its_rerun_in_the_step():
     from orchestrator.planner.timing import stage_times
     cfg = _op_cfg({"kind": "op"})
