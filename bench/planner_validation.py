@@ -248,8 +248,7 @@ def mtnlg_section(lines: list[str]) -> None:
     for nodes, t, tflops in MTNLG_SCALE:
         cfg = dataclasses.replace(r, raw={**x, "gpus": 8 * nodes}).config(fidelity.transferred_efficiency(fits, r.gpu))
         p = predict(cfg)
-        h, L, s, V, B = x["hidden"], x["layers"], x["seq"], x["vocab"], x["gbs"]
-        eq3 = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)) / (8 * nodes * t) / 1e12
+        eq3 = corpus.eq3_flops(x) / (8 * nodes * t) / 1e12
         missing = t - p.step_time_s
         slots = p.microbatches + x["pp"] - 1
         pts.append((slots, missing))
