@@ -5,7 +5,7 @@
 Like the GPU tier (tests/gpu), it runs on whatever CUDA torch the machine has, without the project's install
 step (torch and numpy; PyYAML for the example file). Prepared to run as one command when a GPU is lent (goal:
 MFU >= 50% on an H200). Each row is a real run of examples/gpt1b.yaml with the overrides shown; every row is
-checked against the first with the sweep's parity gate (bf16 floors, orchestrator.parity), so a faster row
+checked against the first with the sweep's parity gate (bf16 floors, orchestrator.parity.verdict), so a faster row
 that learns something else is marked, not reported as a win. Results go to bench/results/gpu_<device>.md.
 """
 
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from results_file import write_and_print  # noqa: E402 (bench/ is the script's own folder)
 
-from orchestrator.parity import compare, describe_failure, reference_from_result  # noqa: E402
+from orchestrator.parity.verdict import compare, describe_failure, reference_from_result  # noqa: E402
 from trainer.config import TrainConfig, apply_overrides  # noqa: E402
 from trainer.launch import spawn_many  # noqa: E402
 

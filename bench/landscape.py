@@ -33,10 +33,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator import backends, parity  # noqa: E402
+from orchestrator import backends  # noqa: E402
+from orchestrator.parity import verdict as parity
 from orchestrator.backends.ray_trials import RayTrials, TrainerConfigs  # noqa: E402
-from orchestrator.config import SweepConfig, load_sweep  # noqa: E402
-from orchestrator.space import enumerate_space  # noqa: E402
+from orchestrator.sweep.config import SweepConfig, load_sweep  # noqa: E402
+from orchestrator.search.space import enumerate_space  # noqa: E402
 
 BUCKET = "data_parallel.bucket_mb"
 

@@ -4,7 +4,7 @@
 
 Every row is a real run on local gloo ranks against the single-process baseline of the same maths.
 bf16: the baseline runs twice; its run-to-run spread x REPEAT_FACTOR (or the bf16 floor, whichever is
-larger) is the tolerance (orchestrator.parity.tolerance_from_repeats).
+larger) is the tolerance (orchestrator.parity.verdict.tolerance_from_repeats).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.parity import (DEFAULT_TOLERANCE, REPEAT_FACTOR, compare, reference_from_result,  # noqa: E402
+from orchestrator.parity.verdict import (DEFAULT_TOLERANCE, REPEAT_FACTOR, compare, reference_from_result,  # noqa: E402
                                  tolerance_from_repeats)
 from tests.distributed._common import TINY  # noqa: E402
 from tests.distributed.seeded_bugs import BUGS  # noqa: E402

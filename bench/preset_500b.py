@@ -21,8 +21,8 @@ from results_file import write_and_print  # noqa: E402
 from orchestrator.planner import apply_params, calibrate, plan_config_from_dict, predict  # noqa: E402
 from orchestrator.planner import corpus, fidelity  # noqa: E402
 from orchestrator.planner.band import load_band  # noqa: E402
-from orchestrator.report import short_params  # noqa: E402
-from orchestrator.target import parse_target  # noqa: E402
+from orchestrator.review.report import short_params  # noqa: E402
+from orchestrator.search.target import parse_target  # noqa: E402
 from planner_search import true_optimum  # noqa: E402 (bench/ is the script's own folder)
 
 ARTICLE = {"baseline": (12.0, 8.0, 4.0), "overlap": (10.0, 8.0, 2.0)}

@@ -37,9 +37,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from orchestrator import backends, guided, winner  # noqa: E402
-from orchestrator.config import SweepConfig, load_sweep  # noqa: E402
-from orchestrator.space import suggest  # noqa: E402
+from orchestrator import backends  # noqa: E402
+from orchestrator.plan import guided
+from orchestrator.records import winner
+from orchestrator.sweep.config import SweepConfig, load_sweep  # noqa: E402
+from orchestrator.search.space import suggest  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -107,7 +109,7 @@ class SeedResult:
 
 def make_sampler(strategy: str, land: Landscape, seed: int, lines: Callable[[], list],
                  ranking: guided.PlannerRanking | None) -> optuna.samplers.BaseSampler:
-    from orchestrator.sweep_study import _sampler
+    from orchestrator.sweep.study import _sampler
 
     cfg = dataclasses.replace(land.cfg, sampler=dataclasses.replace(land.cfg.sampler, kind="tpe", seed=seed))
     tpe = _sampler(cfg)  # TPE exactly as the sweep file configures it
@@ -243,9 +245,9 @@ def synthetic(efficiency: Any, source: str = "search_spaces/default.yaml", noise
     """A landscape document drawn from the planner itself with ``efficiency`` as the truth: each config's runs
     are its prediction times lognormal noise (``noise_rel``); phases from the prediction's breakdown. Configs the
     planner cannot model get 1.5 x the median prediction. For tests: the parameters behind it are known."""
-    from orchestrator.calibration import DEFAULT_CLUSTER
+    from orchestrator.plan.calibration import DEFAULT_CLUSTER
     from orchestrator.planner import predict
-    from orchestrator.prefilter import load_cluster
+    from orchestrator.plan.prefilter import load_cluster
 
     cfg = load_sweep(ROOT / source, check=False)
     configs = backends.build(cfg).configs
@@ -275,8 +277,8 @@ def synthetic(efficiency: Any, source: str = "search_spaces/default.yaml", noise
 
 
 def ranking_for(land: Landscape) -> guided.PlannerRanking | None:
-    from orchestrator.calibration import DEFAULT_CLUSTER
-    from orchestrator.prefilter import load_cluster
+    from orchestrator.plan.calibration import DEFAULT_CLUSTER
+    from orchestrator.plan.prefilter import load_cluster
 
     cluster, eff = load_cluster(ROOT / DEFAULT_CLUSTER)
     n = len(next(iter(land.floats.values()), [0, 0, 0]))

@@ -1,4 +1,7 @@
-"""steptune's driver side: the sweep loop, its backends, the ledger and its readers."""
+"""steptune's driver side, one folder per reason to change (each folder's docstring says what it may import).
+
+Top level: ``__main__`` (the CLI), ``docgen`` (generated docs), ``units`` (how sizes are written).
+"""
 
 from pathlib import Path
 

@@ -53,7 +53,7 @@ def add_sweep_name(p: argparse.ArgumentParser) -> None:
 
 def pick_ledger(args: argparse.Namespace) -> Path:
     """The ledger ``--sweep`` names, or the most recently written one (and say which)."""
-    from orchestrator.export import find_ledger
+    from orchestrator.export.bundle import find_ledger
 
     ledger = find_ledger(Path(args.results_dir), args.sweep)
     if not args.sweep:
@@ -72,17 +72,17 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from orchestrator.config import load_sweep
+    from orchestrator.sweep.config import load_sweep
 
     cfg = load_sweep(args.config, args.overrides)
     if args.dry_run:
         print(f"sweep {cfg.name!r} ({cfg.source}) is valid: {cfg.backend} backend, {len(cfg.space.names)} params "
               f"({', '.join(cfg.space.names)}), target {cfg.target.describe()}, budget {cfg.search.n_trials} trials")
         return EXIT_OK
-    from orchestrator import report
-    from orchestrator.ledger import LedgerBusy
-    from orchestrator.sweep import SweepError, run_sweep
-    from orchestrator.workers import GroupStartError
+    from orchestrator.review import report
+    from orchestrator.records.ledger import LedgerBusy
+    from orchestrator.sweep.loop import SweepError, run_sweep
+    from orchestrator.backends.workers import GroupStartError
 
     try:
         summary, records = run_sweep(cfg)
@@ -111,11 +111,11 @@ def _report_args(p: argparse.ArgumentParser) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from orchestrator import report
-    from orchestrator.config import ConfirmConfig, load_saved_sweep
-    from orchestrator.record import read_records
-    from orchestrator.target import parse_target
-    from orchestrator.winner import RULE
+    from orchestrator.review import report
+    from orchestrator.sweep.config import ConfirmConfig, load_saved_sweep
+    from orchestrator.records.record import read_records
+    from orchestrator.search.target import parse_target
+    from orchestrator.records.winner import RULE
 
     ledger = pick_ledger(args)
     records = read_records(ledger)
@@ -139,7 +139,7 @@ def _export_args(p: argparse.ArgumentParser) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from orchestrator.export import export_trial
+    from orchestrator.export.bundle import export_trial
 
     ledger = pick_ledger(args)
     out = Path(args.out) if args.out else ledger.parent / "export"
@@ -149,7 +149,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _calibrate_args(p: argparse.ArgumentParser) -> None:
-    from orchestrator.calibration import add_calibrate_arguments
+    from orchestrator.plan.calibration import add_calibrate_arguments
 
     add_sweep_name(p)
     add_results_dir(p)
@@ -157,19 +157,19 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
 
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
-    from orchestrator.plan_cli import add_arguments
+    from orchestrator.plan.cli import add_arguments
 
     add_arguments(p)
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from orchestrator.plan_cli import main
+    from orchestrator.plan.cli import main
 
     return main(args)
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from orchestrator.calibration import run_calibrate
+    from orchestrator.plan.calibration import run_calibrate
 
     args.sweep = pick_ledger(args).parent.name
     return run_calibrate(args)

@@ -20,7 +20,7 @@ import textwrap
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIX_COMMAND = "make docs  (= python -m orchestrator.docgen)"
@@ -45,7 +45,7 @@ class Root:
 
 
 def _sweep_root() -> type:
-    from orchestrator.config import SweepConfig
+    from orchestrator.sweep.config import SweepConfig
 
     return SweepConfig
 
@@ -248,38 +248,41 @@ def _block(name: str) -> re.Pattern:
     return re.compile(rf"(<!-- fields:begin {re.escape(name)} -->\n)(.*?)(^{re.escape(END_MARKER)})", re.S | re.M)
 
 
-def regenerate(text: str, root: Root) -> str:
-    """``text`` with the root's block replaced by freshly generated tables; ValueError without markers."""
-    pattern = _block(root.name)
+def blocks() -> list[tuple[str, str, Callable[[], str]]]:
+    """Every generated block: (name in its begin marker, docs file, renderer)."""
+    from orchestrator import rooms
+
+    return [(r.name, r.doc, lambda r=r: render(r)) for r in ROOTS] + [
+        ("rooms", "docs/architecture.md", rooms.render_table)]
+
+
+def regenerate(text: str, name: str, doc: str, generate: Callable[[], str]) -> str:
+    """``text`` with the named block replaced by freshly generated text; ValueError without markers."""
+    pattern = _block(name)
     if not pattern.search(text):
-        raise ValueError(f"{root.doc}: no '<!-- fields:begin {root.name} -->' ... '{END_MARKER}' block; add one "
-                         f"where the {root.name} tables belong")
-    generated = render(root)
+        raise ValueError(f"{doc}: no '<!-- fields:begin {name} -->' ... '{END_MARKER}' block; add one "
+                         f"where the {name} tables belong")
+    generated = generate()
     return pattern.sub(lambda m: m.group(1) + generated + "\n" + m.group(3), text, count=1)
 
 
 def stale(repo: Path = REPO_ROOT) -> list[str]:
-    """Docs files whose generated tables differ from the code (empty: all current)."""
-    out = []
-    for root in ROOTS:
-        path = repo / root.doc
-        text = path.read_text()
-        if regenerate(text, root) != text:
-            out.append(root.doc)
-    return out
+    """Docs files whose generated blocks differ from the code (empty: all current)."""
+    return sorted({doc for name, doc, gen in blocks()
+                   if regenerate((repo / doc).read_text(), name, doc, gen) != (repo / doc).read_text()})
 
 
 def write(repo: Path = REPO_ROOT) -> list[str]:
     """Regenerate every block in place; returns the files that changed."""
     changed = []
-    for root in ROOTS:
-        path = repo / root.doc
+    for name, doc, gen in blocks():
+        path = repo / doc
         text = path.read_text()
-        new = regenerate(text, root)
+        new = regenerate(text, name, doc, gen)
         if new != text:
             path.write_text(new)
-            changed.append(root.doc)
-    return changed
+            changed.append(doc)
+    return sorted(set(changed))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         bad = stale()
         for doc in bad:
-            print(f"{doc}: field tables differ from the code; run: {FIX_COMMAND}")
+            print(f"{doc}: generated tables differ from the code; run: {FIX_COMMAND}")
         return 1 if bad else 0
     for doc in write():
         print(f"updated {doc}")

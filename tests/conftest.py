@@ -19,7 +19,7 @@ def ray_address():
     """
     import ray
 
-    from orchestrator.workers import start_local_ray
+    from orchestrator.backends.workers import start_local_ray
 
     temp = tempfile.mkdtemp(prefix="st-ray-")
     address = start_local_ray(num_cpus=max(2, os.cpu_count() or 1), temp_dir=temp)

@@ -6,6 +6,9 @@ how a config becomes an outcome, and how an outcome is judged and recorded.
 
 The sweep loop, the ledger and tracking do not care which ran. ``build`` is the one place a backend's name
 is looked at; ``load_sweep`` builds it once (validating the whole space against it) and the sweep reuses it.
+The Ray side lives here too: ``workers`` (one actor per rank, warm across trials), ``capacity``, ``ray_runner``.
+
+May import: plan, planner, records, search, parity, units
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from orchestrator.space import Space, suggest
+from orchestrator.search.space import Space, suggest
 from orchestrator.units import fmt_bytes
 
 
@@ -56,7 +56,7 @@ class Judgement:
     reason: str | None
     """Why, when not ok."""
     parity: dict | None = None
-    """The parity verdict (orchestrator.parity), where a result was compared."""
+    """The parity verdict (orchestrator.parity.verdict), where a result was compared."""
 
 
 class Configs(Protocol):
@@ -101,7 +101,7 @@ class Backend(Protocol):
     """A winner is run again before the target counts as met (a prediction repeats exactly: no)."""
     configs: Configs
     prefilter: Any
-    """Skips trials predicted over the memory budget before launch (orchestrator.prefilter), or None."""
+    """Skips trials predicted over the memory budget before launch (orchestrator.plan.prefilter), or None."""
 
     def join(self) -> None:
         """Connect to whatever runs the trials, before the sweep writes anything (ValueError: bad input)."""
@@ -114,7 +114,7 @@ class Backend(Protocol):
     def judge(self, kind: str, outcome: RunOutcome, gate: Any, runs: Sequence[RunOutcome]) -> Judgement: ...
 
     def guided_sampler(self, base: Any, records: Callable[[], Sequence[Any]]) -> Any:
-        """``sampler.kind: guided``: the planner-guided sampler over ``base`` (orchestrator.guided), or ``base``
+        """``sampler.kind: guided``: the planner-guided sampler over ``base`` (orchestrator.plan.guided), or ``base``
         alone where the planner cannot map this backend's configs, saying why."""
 
     def ledger_fields(self, kind: str, config: Any, outcome: RunOutcome, status: str,

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from orchestrator import planner as pl
 from orchestrator.backends.base import Judgement, RunOutcome, SpaceConfigs, within_budget
-from orchestrator.space import Space, params_for
+from orchestrator.search.space import Space, params_for
 from trainer.config import flatten
 
 log = logging.getLogger(__name__)

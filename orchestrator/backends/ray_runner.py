@@ -1,4 +1,4 @@
-"""Real runs on Ray: warm worker groups (orchestrator.workers), one trial per group at a time, and the
+"""Real runs on Ray: warm worker groups (orchestrator.backends.workers), one trial per group at a time, and the
 classification of what came back (a Result, or why not: oom, timeout, nan, a lost node or actor)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class RayRunner:
     """Real runs on ``slots`` warm worker groups (one trial per group at a time)."""
 
     def __init__(self, cfg: Any, device: str):
-        from orchestrator import workers
+        from orchestrator.backends import workers
 
         res = cfg.resources
         self.where = connect(cfg)
@@ -50,7 +50,7 @@ class RayRunner:
         A group that cannot be rebuilt twice in a row is an infrastructure problem, not the config's: it raises
         (GroupStartError) instead of being recorded against the trial, which would teach the sampler nonsense.
         """
-        from orchestrator.workers import ClusterTooSmall, GroupStartError
+        from orchestrator.backends.workers import ClusterTooSmall, GroupStartError
 
         try:
             self.groups[slot].submit(cfg.to_dict(), self.timeout_s)
@@ -79,7 +79,7 @@ class RayRunner:
 
 
 def connect(cfg: Any) -> str:
-    from orchestrator import workers
+    from orchestrator.backends import workers
 
     res = cfg.resources
     return workers.connect(cfg.ray.address, _runtime_env(cfg), temp_dir=cfg.ray.temp_dir, dashboard=cfg.ray.dashboard,

@@ -1,7 +1,7 @@
 """Real trials on Ray: the trainer configs a space makes, their runs on warm worker groups, and their judgement.
 
 Owns the sweep file's ``trainer``/``trainer_config``, ``baseline``, ``resources``, ``ray`` and ``prefilter``
-sections; judges a result by parity (orchestrator.trust) and ``resources.memory_budget_gb``; adds
+sections; judges a result by parity (orchestrator.parity.trust) and ``resources.memory_budget_gb``; adds
 ``overhead_s``, ``probe`` and the ranks' ``placement`` to the ledger.
 """
 
@@ -11,13 +11,14 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from orchestrator import parity, trust
+from orchestrator.parity import verdict as parity
+from orchestrator.parity import trust
 from orchestrator.backends.base import Judgement, RunOutcome, SpaceConfigs, within_budget
 from orchestrator.backends.ray_runner import RayRunner, connect
-from orchestrator.calibration import load_calibration
-from orchestrator.prefilter import SETTINGS, MemoryPrefilter, load_cluster
-from orchestrator.record import Probe
-from orchestrator.space import Space, params_for
+from orchestrator.plan.calibration import load_calibration
+from orchestrator.plan.prefilter import SETTINGS, MemoryPrefilter, load_cluster
+from orchestrator.records.record import Probe
+from orchestrator.search.space import Space, params_for
 from trainer.config import TrainConfig, apply_overrides, flatten
 
 
@@ -91,11 +92,11 @@ class RayTrials:
         self.configs = TrainerConfigs(cfg.trainer, cfg.baseline, res.world_size, res.gpus_per_rank)
         base_dir = Path(cfg.source).parent if cfg.source else Path(".")
         self.prefilter = prefilter_from_settings(cfg.prefilter, base_dir, res.memory_budget_gb)
-        """Skips trials whose predicted peak memory exceeds the budget (orchestrator.prefilter); None: launch all."""
+        """Skips trials whose predicted peak memory exceeds the budget (orchestrator.plan.prefilter); None: launch all."""
 
     def join(self) -> None:
         """Join Ray before the sweep writes anything; a ray.address nothing answers at is bad input (ValueError)."""
-        from orchestrator.workers import GroupStartError
+        from orchestrator.backends.workers import GroupStartError
 
         try:
             connect(self.cfg)
@@ -131,7 +132,7 @@ class RayTrials:
         return Judgement(status, reason, verdict)
 
     def guided_sampler(self, base: Any, records: Callable[[], Sequence[Any]]) -> Any:
-        from orchestrator import guided
+        from orchestrator.plan import guided
 
         return guided.sampler_for(self, base, records)
 

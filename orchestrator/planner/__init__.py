@@ -4,6 +4,8 @@
 every pipeline stage, for a ``PlanConfig`` (cluster, model, job, efficiency parameters, knobs).
 ``calibrate(records, base_cfg)`` fits the efficiency parameters to measured runs. docs/planner.md lists
 every formula and its source.
+
+May import: nothing of the orchestrator
 """
 
 from .calibrate import Calibration, calibrate

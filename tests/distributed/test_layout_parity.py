@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.parity import compare, reference_from_result
+from orchestrator.parity.verdict import compare, reference_from_result
 from tests.distributed._common import cfg, rel_diff
 from trainer.launch import spawn_many
 from trainer.result import Result

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.parity import compare, reference_from_result
+from orchestrator.parity.verdict import compare, reference_from_result
 from tests.distributed._common import cfg
 from tests.distributed.seeded_bugs import BUGS
 from trainer.launch import RankFailed, spawn_many

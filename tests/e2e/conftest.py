@@ -28,7 +28,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def mlflow_ui(tmp_path_factory):
     """(base URL, the Tracker of the served store): the printed `mlflow ui` command, one worker."""
-    from orchestrator.tracking import Tracker, tracking_uri_for
+    from orchestrator.review.tracking import Tracker, tracking_uri_for
 
     tracker = Tracker(tracking_uri_for(tmp_path_factory.mktemp("served") / "results"), "steptune")
     cmd = shlex.split(tracker.ui_command())

@@ -20,9 +20,9 @@ import ray
 from optuna.trial import TrialState
 
 from orchestrator.__main__ import main
-from orchestrator.config import load_sweep
-from orchestrator.ledger import Ledger
-from orchestrator.sweep import SweepError, run_sweep
+from orchestrator.sweep.config import load_sweep
+from orchestrator.records.ledger import Ledger
+from orchestrator.sweep.loop import SweepError, run_sweep
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,8 +117,8 @@ def test_13_a_lost_rank_is_one_line_and_rays_page_stays_off_the_terminal(ray_add
     """Outcome: the progress line and the table show one line; the ledger keeps Ray's whole text; Ray's own
     "A worker died or was killed ..." paragraph is not printed by the driver."""
     from orchestrator.backends.ray_runner import _outcome
-    from orchestrator.report import one_line
-    from orchestrator.workers import WorkerGroup
+    from orchestrator.review.report import one_line
+    from orchestrator.backends.workers import WorkerGroup
 
     cfg = load_sweep(sweep_file(), ["trainer.run.steps=2000"])
     configs = cfg.built.configs
@@ -180,7 +180,7 @@ def test_14_15_a_baseline_over_the_memory_budget_is_infeasible_in_mib_and_not_co
 def test_15_a_trial_asked_before_the_baseline_waits_for_it_and_none_is_left_running(ray_address, sweep_file):
     """Outcome: a trial queued ahead of the (re-queued) baseline goes back to the queue instead of stopping the
     sweep with a trial left RUNNING; the baseline is measured first and the budget counts only finished trials."""
-    from orchestrator.sweep import Sweep
+    from orchestrator.sweep.loop import Sweep
 
     cfg = load_sweep(sweep_file(), ["search.n_trials=2"])
     first = Sweep(cfg)

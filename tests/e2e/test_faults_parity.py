@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import load_sweep
-from orchestrator.ledger import Ledger
-from orchestrator.parity import maths_key
-from orchestrator.sweep import run_sweep
+from orchestrator.sweep.config import load_sweep
+from orchestrator.records.ledger import Ledger
+from orchestrator.parity.verdict import maths_key
+from orchestrator.sweep.loop import run_sweep
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

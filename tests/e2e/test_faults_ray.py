@@ -25,9 +25,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from orchestrator.config import load_sweep
-from orchestrator.ledger import Ledger
-from orchestrator.sweep import Sweep, SweepError, run_sweep
+from orchestrator.sweep.config import load_sweep
+from orchestrator.records.ledger import Ledger
+from orchestrator.sweep.loop import Sweep, SweepError, run_sweep
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,7 +121,7 @@ def test_a_second_driver_of_the_study_is_refused_until_the_first_is_dead(ray_add
 def test_a_killed_driver_on_this_host_is_taken_over_at_once(sweep_file, tmp_path, said):
     """Outcome: its process is gone, so its study is free before the grace period (a resume right after a kill)."""
     cfg = load_sweep(sweep_file(), ["storage.grace_period_s=600"])
-    code = ("import sys, time; from orchestrator.config import load_sweep; from orchestrator.sweep import Sweep; "
+    code = ("import sys, time; from orchestrator.sweep.config import load_sweep; from orchestrator.sweep.loop import Sweep; "
             f"Sweep(load_sweep({str(cfg.source)!r}, ['storage.grace_period_s=600'])); print('held', flush=True); "
             "time.sleep(600)")
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True,
@@ -145,7 +145,7 @@ def test_a_rank_actor_killed_from_outside_is_lost_not_failed_and_the_group_recor
     import ray
 
     from orchestrator.backends.ray_runner import _outcome
-    from orchestrator.workers import WorkerGroup
+    from orchestrator.backends.workers import WorkerGroup
     from trainer.config import TrainConfig
 
     cfg = TrainConfig.from_dict({"model": {"vocab_size": 128, "n_layers": 2, "d_model": 32, "n_heads": 4,
@@ -177,9 +177,9 @@ NODE_LOSS_SCRIPT = textwrap.dedent("""
     import json, logging, sys, threading, time
     import ray
     from ray.cluster_utils import Cluster
-    from orchestrator.config import load_sweep
-    from orchestrator.sweep import run_sweep
-    from orchestrator.workers import GroupStartError
+    from orchestrator.sweep.config import load_sweep
+    from orchestrator.sweep.loop import run_sweep
+    from orchestrator.backends.workers import GroupStartError
 
     path, results = sys.argv[1], {}
 
@@ -301,7 +301,7 @@ def test_another_process_joins_the_embedded_cluster_with_the_token_path_alone(ra
     env.update(RAY_AUTH_TOKEN_PATH=token_path, PYTHONPATH=str(ROOT))
     code = textwrap.dedent(f"""
         import ray
-        from orchestrator.workers import connect
+        from orchestrator.backends.workers import connect
         print(connect({ray_address!r}, None, num_cpus=1, temp_dir=None, dashboard=False))
         print("answer", ray.get(ray.remote(lambda: 6 * 7).remote()))
     """)
@@ -327,7 +327,7 @@ def test_heartbeat_settings_are_checked_at_load(sweep_file, override, field):
 def test_ranks_of_the_embedded_ray_run_at_the_drivers_niceness(ray_address):
     """Outcome: a measured rank is not a nice-15 Ray worker (Ray's default) that any other process on the
     machine preempts: its niceness is the driver's."""
-    from orchestrator.workers import WorkerGroup
+    from orchestrator.backends.workers import WorkerGroup
 
     group = WorkerGroup(2, 1, 0, "PACK", "cpu", 60)
     group.start()

@@ -16,10 +16,10 @@ import pytest
 import torch
 from optuna.trial import TrialState
 
-from orchestrator.config import load_sweep
-from orchestrator.ledger import Ledger
-from orchestrator.record import LINE_KEYS
-from orchestrator.sweep import run_sweep
+from orchestrator.sweep.config import load_sweep
+from orchestrator.records.ledger import Ledger
+from orchestrator.records.record import LINE_KEYS
+from orchestrator.sweep.loop import run_sweep
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +66,7 @@ def test_sweep_measures_trials_on_a_warm_group_and_reports(ray_address, sweep_fi
     summary, records = run_sweep(cfg)
     lines = Ledger(cfg.results_dir / "trials.jsonl").read()
     assert lines == records and lines[0].kind == "canonical" and lines[0].status == "ok"
-    lines = lines[1:]  # after the canonical reference run of the baseline's maths (orchestrator.trust)
+    lines = lines[1:]  # after the canonical reference run of the baseline's maths (orchestrator.parity.trust)
     assert len(lines) == 5
     assert lines[0].kind == "baseline" and lines[0].trial == 0 and lines[0].status == "ok"
     assert lines[0].parity.passed and lines[0].metrics.speedup_vs_baseline == 1.0
@@ -237,9 +237,9 @@ def test_failing_trials_are_recorded_and_the_sweep_goes_on(ray_address, sweep_fi
 @pytest.mark.timeout(60)
 def test_resume_tells_a_measured_trial_from_the_ledger_and_requeues_an_unmeasured_one(sweep_file):
     """The two ways a driver dies mid-trial: after its ledger line (told from the ledger) or before (re-queued)."""
-    from orchestrator.record import Metrics, TrialRecord
-    from orchestrator.space import suggest
-    from orchestrator.sweep import Sweep
+    from orchestrator.records.record import Metrics, TrialRecord
+    from orchestrator.search.space import suggest
+    from orchestrator.sweep.loop import Sweep
 
     cfg = load_sweep(sweep_file(), ["search.n_trials=4"])
     first = Sweep(cfg)
@@ -333,7 +333,7 @@ def test_the_winner_is_settled_by_real_re_measurements_of_an_overlapping_top(ray
 
 @pytest.mark.timeout(120)
 def test_a_baseline_that_cannot_run_stops_the_sweep_with_its_reason(ray_address, sweep_file):
-    from orchestrator.sweep import SweepError
+    from orchestrator.sweep.loop import SweepError
 
     cfg = load_sweep(sweep_file(), ["resources.trial_timeout_s=0.001"])
     # The first run of the baseline's trial is the canonical reference run of its maths; it cannot run either.

@@ -9,9 +9,9 @@ from datetime import datetime
 import optuna
 import pytest
 
-from orchestrator.config import REPO_ROOT, load_sweep
-from orchestrator.ledger import Ledger
-from orchestrator.sweep import run_sweep
+from orchestrator.sweep.config import REPO_ROOT, load_sweep
+from orchestrator.records.ledger import Ledger
+from orchestrator.sweep.loop import run_sweep
 
 pytestmark = pytest.mark.e2e
 ASK_SLACK_S = 0.5
@@ -64,7 +64,7 @@ def test_the_wall_time_budget_stops_new_trials(tmp_path):
     t_end = time.time()
     assert summary["stopped_because"] == "the wall-time budget (2 s) is spent"
     assert 1 < len(lines) < 100000
-    # The rule (orchestrator.sweep._next_job): a trial starts only while elapsed + the median trial wall <= budget.
+    # The rule (orchestrator.sweep.loop._next_job): a trial starts only while elapsed + the median trial wall <= budget.
     # The sweep's clock starts sweep_wall_s before it returned; each line's started_at is set just after its
     # ask(), so it may trail the check by one ask (ASK_SLACK_S), never by a budget's worth.
     t0 = t_end - summary["sweep_wall_s"]
@@ -98,7 +98,7 @@ def test_two_worker_groups_run_trials_at_the_same_time(ray_address, sweep_file):
 
 @pytest.mark.timeout(240)
 def test_prefilter_skips_configs_predicted_over_the_memory_budget(ray_address, sweep_file):
-    from orchestrator.prefilter import MemoryPrefilter, load_cluster
+    from orchestrator.plan.prefilter import MemoryPrefilter, load_cluster
 
     cluster_file = REPO_ROOT / "search_spaces" / "clusters" / "cpu-local.yaml"
     big = {"parallel.pp": 1, "batch.micro_batch_size": 4, "recompute.kind": "none",
@@ -127,7 +127,7 @@ def test_prefilter_skips_configs_predicted_over_the_memory_budget(ray_address, s
 def test_bf16_baseline_runs_twice_and_the_reference_is_reused_by_the_next_sweep(ray_address, sweep_file):
     import json
 
-    from orchestrator.parity import DEFAULT_TOLERANCE, maths_key
+    from orchestrator.parity.verdict import DEFAULT_TOLERANCE, maths_key
 
     path = sweep_file(search={"n_trials": 2})
     over = ["trainer.run.precision=bf16", "pruning.enabled=false"]

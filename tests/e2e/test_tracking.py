@@ -12,8 +12,8 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from orchestrator.record import Metrics, TrialRecord
-from orchestrator.tracking import Tracker, tracking_uri_for
+from orchestrator.records.record import Metrics, TrialRecord
+from orchestrator.review.tracking import Tracker, tracking_uri_for
 from trainer.config import TrainConfig, apply_overrides, flatten
 from trainer.result import RankResult, Span, StepRecord, merge
 

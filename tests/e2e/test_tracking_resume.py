@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator.config import REPO_ROOT, load_sweep
-from orchestrator.ledger import Ledger
-from orchestrator.record import TrialRecord
-from orchestrator.sweep import SweepError, run_sweep
-from orchestrator.tracking import Tracker, tracking_uri_for
+from orchestrator.sweep.config import REPO_ROOT, load_sweep
+from orchestrator.records.ledger import Ledger
+from orchestrator.records.record import TrialRecord
+from orchestrator.sweep.loop import SweepError, run_sweep
+from orchestrator.review.tracking import Tracker, tracking_uri_for
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_tracking import make_record  # noqa: E402  (the same synthetic ledger lines as the store test)
@@ -139,7 +139,7 @@ def test_a_stopped_sweep_ends_its_parent_with_the_reason(store):
 
 
 def test_run_name_is_short_and_readable():
-    from orchestrator.tracking import run_name
+    from orchestrator.review.tracking import run_name
 
     r = make_record(7, "trial", parallel__pp=2, pipeline__schedule="interleaved_1f1b", pipeline__virtual_stages=2)
     assert run_name(r) == "t7 pp2 i1f1b v2"
@@ -158,7 +158,7 @@ _KILL_DURING_SETUP = textwrap.dedent("""
         if statement.lstrip().startswith("CREATE TABLE " + sys.argv[2] + " "):
             os.kill(os.getpid(), signal.SIGKILL)  # as a driver killed during MLflow's first setup
 
-    from orchestrator.tracking import Tracker
+    from orchestrator.review.tracking import Tracker
     Tracker("sqlite:///" + sys.argv[1], "steptune")
 """)
 
@@ -196,7 +196,7 @@ def test_a_store_with_runs_that_does_not_open_is_left_alone(tmp_path):
     con.execute("update alembic_version set version_num = '451aebb31d03'")
     con.commit()
     con.close()
-    later = subprocess.run([sys.executable, "-c", f"from orchestrator.tracking import Tracker; "
+    later = subprocess.run([sys.executable, "-c", f"from orchestrator.review.tracking import Tracker; "
                                                   f"Tracker('sqlite:///{db}', 'steptune')"],
                            env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
     assert later.returncode == 1 and "BrokenStore" in later.stderr, later.stderr[-2000:]
@@ -208,9 +208,9 @@ def test_a_store_with_runs_that_does_not_open_is_left_alone(tmp_path):
 
 _KILL_AFTER_LEDGER = textwrap.dedent("""
     import os, signal, sys
-    from orchestrator import ledger
-    from orchestrator.config import load_sweep
-    from orchestrator.sweep import run_sweep
+    from orchestrator.records import ledger
+    from orchestrator.sweep.config import load_sweep
+    from orchestrator.sweep.loop import run_sweep
 
     append, n = ledger.Ledger.append, int(sys.argv[1])
     def append_then_die(self, line):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from orchestrator.parity import DEFAULT_TOLERANCE, compare, reference_from_result
+from orchestrator.parity.verdict import DEFAULT_TOLERANCE, compare, reference_from_result
 from trainer.config import TrainConfig, apply_overrides
 from trainer.launch import spawn, spawn_many
 

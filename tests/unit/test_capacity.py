@@ -1,6 +1,6 @@
 """capacity.shortfall: which groups the alive nodes can never hold, and what the message advises."""
 
-from orchestrator.capacity import bundles_per_node, shortfall
+from orchestrator.backends.capacity import bundles_per_node, shortfall
 
 
 def node(i, cpus, alive=True, gpus=0):

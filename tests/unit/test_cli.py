@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.__main__ import COMMANDS, Command, build_parser, main
-from orchestrator.record import Metrics, TrialRecord
-from orchestrator.report import Progress, one_line, table
+from orchestrator.records.record import Metrics, TrialRecord
+from orchestrator.review.report import Progress, one_line, table
 from orchestrator.units import fmt_bytes
 from trainer.config import TrainConfig
 
@@ -64,8 +64,8 @@ def test_console_script_is_declared():
 
 def test_log_lines_go_to_stderr_one_per_message_warnings_prefixed(capsys):
     main(["sweep", "--dry-run", "search.n_trials=4"])  # sets up the console handler
-    logging.getLogger("orchestrator.sweep").info("resumed: trial 3")
-    logging.getLogger("orchestrator.sweep").warning("MLflow is off")
+    logging.getLogger("orchestrator.sweep.loop").info("resumed: trial 3")
+    logging.getLogger("orchestrator.sweep.loop").warning("MLflow is off")
     err = capsys.readouterr().err.splitlines()
     assert "resumed: trial 3" in err and "warning: MLflow is off" in err
     assert "warning: search.min_trials=12 is more than search.n_trials=4; using search.min_trials=4" in err

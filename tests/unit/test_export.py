@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import export
-from orchestrator.config import DEFAULT_SWEEP, load_saved_sweep
-from orchestrator.export import export_sweep, export_trial, find_ledger, pick, read_ledger
-from orchestrator.megatron import first_last, format_args, megatron_args, megatron_args_for_plan
-from orchestrator.parity import Tolerance
-from orchestrator.record import Kind, Metrics, ParityVerdict, TrialRecord
+from orchestrator.export import bundle as export
+from orchestrator.sweep.config import DEFAULT_SWEEP, load_saved_sweep
+from orchestrator.export.bundle import export_sweep, export_trial, find_ledger, pick, read_ledger
+from orchestrator.export.megatron import first_last, format_args, megatron_args, megatron_args_for_plan
+from orchestrator.parity.verdict import Tolerance
+from orchestrator.records.record import Kind, Metrics, ParityVerdict, TrialRecord
 from trainer.__main__ import load_config
 from trainer.config import TrainConfig, apply_overrides, flatten
 from trainer.result import Result
@@ -197,7 +197,7 @@ def test_no_knob_silently_dropped(overrides):
     cfg = _cfg(**overrides)
     args, notes = megatron_args(cfg)
     for key in flatten(cfg.to_dict()):
-        assert key in CARRIED, f"{key}: new config field, decide its Megatron mapping (orchestrator/megatron.py)"
+        assert key in CARRIED, f"{key}: new config field, decide its Megatron mapping (orchestrator/export/megatron.py)"
         evidence = CARRIED[key] if isinstance(CARRIED[key], tuple) else (CARRIED[key],)
         if key == "recompute.kind" and cfg.recompute.kind == "none":
             continue  # Megatron's default is no recompute
@@ -506,7 +506,7 @@ def test_export_sweep_defaults_next_to_the_ledger(ledger):
 
 
 def test_run_id_lookup_creates_no_store_and_respects_tracking_off(tmp_path):
-    from orchestrator.export import mlflow_run_of
+    from orchestrator.export.bundle import mlflow_run_of
 
     ledger = tmp_path / "s" / "trials.jsonl"
     ledger.parent.mkdir()

@@ -1,4 +1,4 @@
-"""Planner-guided search (orchestrator/guided.py) on a synthetic landscape whose true parameters are known."""
+"""Planner-guided search (orchestrator/plan/guided.py) on a synthetic landscape whose true parameters are known."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import replay as R  # noqa: E402
 
-from orchestrator import guided  # noqa: E402
-from orchestrator.prefilter import load_cluster  # noqa: E402
+from orchestrator.plan import guided  # noqa: E402
+from orchestrator.plan.prefilter import load_cluster  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -104,12 +104,12 @@ def test_planner_fields_for_the_ledger(world):
 
 
 def test_time_to_answer_counts_trials_and_seconds_to_the_first_config_near_the_best():
-    from orchestrator import report
+    from orchestrator.review import report
 
     from datetime import datetime, timedelta, timezone
 
-    from orchestrator.record import Metrics, TrialRecord
-    from orchestrator.target import parse_target
+    from orchestrator.records.record import Metrics, TrialRecord
+    from orchestrator.search.target import parse_target
 
     t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -134,8 +134,8 @@ def test_time_to_answer_counts_trials_and_seconds_to_the_first_config_near_the_b
 def test_the_default_sweep_builds_its_guided_sampler_through_the_backend():
     """`make sweep` path: the default file's sampler.kind=guided goes through RayTrials.guided_sampler."""
     from orchestrator import backends
-    from orchestrator.config import DEFAULT_SWEEP, load_sweep
-    from orchestrator.sweep_study import _sampler
+    from orchestrator.sweep.config import DEFAULT_SWEEP, load_sweep
+    from orchestrator.sweep.study import _sampler
 
     cfg = load_sweep(DEFAULT_SWEEP, check=False)
     assert cfg.sampler.kind == "guided"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("orchestrator", "trainer")
 
@@ -97,8 +99,8 @@ def test_cycle_finder_sees_a_cycle_through_function_level_imports():
 def test_graph_reads_function_level_and_relative_imports(tmp_path):
     graph = import_graph()
     # the ray backend imports workers only inside functions (Ray is heavy): the edge must still be there.
-    assert "orchestrator.workers" in graph["orchestrator.backends.ray_trials"]
-    assert "trainer.config" in graph["orchestrator.megatron"]
+    assert "orchestrator.backends.workers" in graph["orchestrator.backends.ray_trials"]
+    assert "trainer.config" in graph["orchestrator.export.megatron"]
 
 
 def test_no_import_cycles():
@@ -118,3 +120,40 @@ def test_trainer_never_imports_the_orchestrator_ray_or_mlflow():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             bad += [f"{mod}: {n}" for n in names if n.split(".")[0] in ("orchestrator", "ray", "mlflow", "omegaconf")]
     assert not bad, bad
+
+
+def test_imports_follow_the_rooms_rule():
+    """Every import between orchestrator's folders goes the way the importing folder's docstring allows."""
+    from orchestrator.rooms import rooms, violations
+
+    bad = violations(import_graph(), rooms())
+    assert not bad, "imports against the rooms' 'May import' lines (orchestrator/<room>/__init__.py):\n" + \
+        "\n".join(bad)
+
+
+def test_rooms_rule_sees_an_import_against_it():
+    from orchestrator.rooms import Room, violations
+
+    rule = [Room("records", "", ("parity",), ()), Room("sweep", "", ("records",), ()), Room("parity", "", (), ())]
+    graph = {"orchestrator.records.ledger": {"orchestrator.sweep.loop", "orchestrator.parity.verdict",
+                                             "orchestrator.units", "trainer.config"},
+             "orchestrator.sweep.loop": {"orchestrator.records.ledger"},
+             "orchestrator.units": {"orchestrator.parity.verdict"},
+             "orchestrator.__main__": {"orchestrator.sweep.loop"}}
+    assert violations(graph, rule) == [
+        "orchestrator.records.ledger -> orchestrator.sweep.loop (room records may import: parity, units)",
+        "orchestrator.units -> orchestrator.parity.verdict (room units may import: nothing of the orchestrator)"]
+
+
+def test_every_folder_is_a_room_with_a_rule(tmp_path):
+    from orchestrator.rooms import PACKAGE, rooms
+
+    folders = {p.parent.name for p in PACKAGE.glob("*/*.py")}
+    assert folders == {r.name for r in rooms()}, "a folder under orchestrator/ without an __init__.py docstring"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "__init__.py").write_text('"""Room a.\n\nMay import: b\n"""\n')
+    with pytest.raises(ValueError, match="not rooms"):
+        rooms(tmp_path)
+    (tmp_path / "a" / "__init__.py").write_text('"""Room a, no rule."""\n')
+    with pytest.raises(ValueError, match="May import"):
+        rooms(tmp_path)

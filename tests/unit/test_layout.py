@@ -118,7 +118,7 @@ def test_split_counts_table(n_layers, n_chunks, kw, expected):
 
 
 def test_the_split_classes_and_the_space_use_the_rule():
-    from orchestrator.space import Param, feasible_splits
+    from orchestrator.search.space import Param, feasible_splits
     from trainer.knobs import BalancedSplit, FirstLastSplit
 
     assert FirstLastSplit(9, 9).counts(96, 8) == layout.split_counts(96, 8, first=9, last=9)

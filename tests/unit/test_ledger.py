@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import ledger as L
-from orchestrator import records_query as Q
-from orchestrator.record import Metrics, Probe, TrialRecord, read_records
-from orchestrator.records_query import OverheadStats, PruningStats
+from orchestrator.records import ledger as L
+from orchestrator.records import query as Q
+from orchestrator.records.record import Metrics, Probe, TrialRecord, read_records
+from orchestrator.records.query import OverheadStats, PruningStats
 from trainer.result import Result
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "ledger_v0.jsonl"

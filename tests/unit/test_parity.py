@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.parity import (DEFAULT_TOLERANCE, MAX_WIDENING, check_space_is_throughput_only, compare,
+from orchestrator.parity.verdict import (DEFAULT_TOLERANCE, MAX_WIDENING, check_space_is_throughput_only, compare,
                                  describe_failure, maths_key, reference_from_result, tolerance_from_repeats)
 from trainer.config import TrainConfig, apply_overrides, flatten
 from trainer.result import Result, StepRecord, Summary
@@ -87,7 +87,7 @@ def test_bf16_tolerance_widens_with_run_to_run_spread_up_to_the_cap():
 
 
 def test_reference_store_keeps_runs_by_maths_key(tmp_path):
-    from orchestrator.parity import ReferenceStore, needs_repeat, tolerance_for
+    from orchestrator.parity.verdict import ReferenceStore, needs_repeat, tolerance_for
 
     store = ReferenceStore(tmp_path / "refs")
     a = reference_from_result(make_result([5.0, 4.0]))
@@ -106,7 +106,7 @@ def test_reference_store_keeps_runs_by_maths_key(tmp_path):
 def test_fp32_cpu_tolerance_never_widens():
     """Issue 10 item 1: fp32 on CPU is exact run to run; a spread between stored runs means one of them is wrong,
     and it widened the tolerance to 10x that spread (loss 6.9e-3 in the fault matrix). The floor holds."""
-    from orchestrator.parity import tolerance_for
+    from orchestrator.parity.verdict import tolerance_for
 
     a = reference_from_result(make_result([5.0, 4.0]))
     bad = reference_from_result(make_result([5.0, 4.0 * (1 + 7e-4)], norms=[1.0, 1.03], fingerprint={"w": [2.5, 0.5]}))
@@ -117,7 +117,7 @@ def test_fp32_cpu_tolerance_never_widens():
 
 def test_widening_comes_only_from_repeats_of_one_layout():
     """Two layouts of bf16 maths differ by what is judged; only repeats of one layout measure noise."""
-    from orchestrator.parity import tolerance_for
+    from orchestrator.parity.verdict import tolerance_for
 
     canonical = reference_from_result(make_result([5.0, 4.0], **{"run.precision": "bf16"}), role="canonical")
     base = reference_from_result(make_result([5.0, 4.0 * (1 + 4e-5)], **{"run.precision": "bf16", "parallel.pp": 2,
@@ -138,7 +138,7 @@ def test_failure_is_described_with_its_numbers():
 
 
 def test_numerics_note_names_reduction_order_knobs_with_measured_differences():
-    from orchestrator.parity import numerics_note
+    from orchestrator.parity.verdict import numerics_note
 
     ref = reference_from_result(make_result([5.0, 4.9]))
     verdict = compare(ref, make_result([5.0, 4.9 * (1 + 1e-7)]))
@@ -148,7 +148,7 @@ def test_numerics_note_names_reduction_order_knobs_with_measured_differences():
     assert numerics_note({"recompute.kind": "full"}, {"recompute.kind": "none"}, verdict) is None
 
 
-# ---- the trust chain: canonical -> baseline -> trials (orchestrator.trust) ----------------------------
+# ---- the trust chain: canonical -> baseline -> trials (orchestrator.parity.trust) ----------------------------
 
 @pytest.mark.parametrize("over", [
     {"parallel.pp": 2, "batch.micro_batch_size": 2, "recompute.kind": "full", "pipeline.schedule": "gpipe"},
@@ -158,7 +158,7 @@ def test_numerics_note_names_reduction_order_knobs_with_measured_differences():
     {"parallel.dp": 2, "batch.micro_batch_size": 4, "data_parallel.overlap_grad_reduce": True},
 ])
 def test_canonical_config_is_the_simplest_layout_of_the_same_maths(over):
-    from orchestrator.trust import canonical_config
+    from orchestrator.parity.trust import canonical_config
 
     base = TrainConfig.from_dict(apply_overrides(TrainConfig().to_dict(), over))
     canon = canonical_config(base)
@@ -172,7 +172,7 @@ def test_canonical_config_is_the_simplest_layout_of_the_same_maths(over):
 
 
 def test_canonical_keeps_pp_when_the_batch_cannot_spread_over_every_rank():
-    from orchestrator.trust import canonical_config
+    from orchestrator.parity.trust import canonical_config
 
     base = TrainConfig.from_dict(apply_overrides(TrainConfig().to_dict(), {
         "batch.global_batch": 6, "parallel.pp": 2, "parallel.dp": 2, "recompute.kind": "full"}))
@@ -182,7 +182,7 @@ def test_canonical_keeps_pp_when_the_batch_cannot_spread_over_every_rank():
 
 
 def _gate_with_canonical(tmp_path, **over):
-    from orchestrator.trust import ParityGate
+    from orchestrator.parity.trust import ParityGate
 
     gate = ParityGate(tmp_path / "refs")
     canon = make_result([5.0, 4.9, 4.8], norms=[1.0, 0.9, 0.8], **{"parallel.dp": 2, "data_parallel.kind": "replicate",
@@ -195,7 +195,7 @@ def _gate_with_canonical(tmp_path, **over):
 
 
 def test_a_baseline_that_does_not_match_the_canonical_run_is_refused_with_its_numbers(tmp_path):
-    from orchestrator.trust import TrustError
+    from orchestrator.parity.trust import TrustError
 
     gate, canon = _gate_with_canonical(tmp_path)
     path = gate.path(canon.config)
@@ -216,8 +216,8 @@ def test_a_baseline_that_does_not_match_the_canonical_run_is_refused_with_its_nu
 def test_runs_are_stored_only_when_they_pass_and_the_store_cannot_drift(tmp_path):
     """Issue 10 item 1: the store held one clean run; a baseline with a maths bug was stored, widened the
     tolerance and then passed. Now the bad run is refused, and later runs are judged by the clean anchor."""
-    from orchestrator.parity import ReferenceStore
-    from orchestrator.trust import ParityGate, TrustError
+    from orchestrator.parity.verdict import ReferenceStore
+    from orchestrator.parity.trust import ParityGate, TrustError
 
     gate, canon = _gate_with_canonical(tmp_path)
     good = make_result([5.0, 4.9, 4.8], norms=[1.0, 0.9, 0.8], **{"parallel.pp": 2})
@@ -236,8 +236,8 @@ def test_runs_are_stored_only_when_they_pass_and_the_store_cannot_drift(tmp_path
 
 
 def test_a_canonical_run_that_does_not_reproduce_an_old_store_names_the_file(tmp_path):
-    from orchestrator.parity import ReferenceStore
-    from orchestrator.trust import ParityGate, TrustError
+    from orchestrator.parity.verdict import ReferenceStore
+    from orchestrator.parity.trust import ParityGate, TrustError
 
     old = make_result([5.0, 4.9, 4.8], **{"parallel.pp": 2})
     ReferenceStore(tmp_path / "refs").add(reference_from_result(old))  # a store from before canonical runs
@@ -249,8 +249,8 @@ def test_a_canonical_run_that_does_not_reproduce_an_old_store_names_the_file(tmp
 
 
 def test_bf16_baseline_repeat_widens_within_the_cap_and_is_stored(tmp_path):
-    from orchestrator.parity import MAX_WIDENING
-    from orchestrator.trust import ParityGate, TrustError
+    from orchestrator.parity.verdict import MAX_WIDENING
+    from orchestrator.parity.trust import ParityGate, TrustError
 
     bf16 = {"run.precision": "bf16"}
     gate = ParityGate(tmp_path / "refs")
@@ -269,8 +269,8 @@ def test_bf16_baseline_repeat_widens_within_the_cap_and_is_stored(tmp_path):
 
 
 def test_a_canonical_baseline_is_its_own_anchor(tmp_path):
-    from orchestrator.parity import ReferenceStore
-    from orchestrator.trust import ParityGate, canonical_config
+    from orchestrator.parity.verdict import ReferenceStore
+    from orchestrator.parity.trust import ParityGate, canonical_config
 
     gate = ParityGate(tmp_path / "refs")
     base = canonical_config(TrainConfig.from_dict(apply_overrides(TrainConfig().to_dict(), {"parallel.dp": 2})))

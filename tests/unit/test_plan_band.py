@@ -7,12 +7,12 @@ import dataclasses
 
 import pytest
 
-from orchestrator import report
-from orchestrator.plan_verdict import verdict, verdict_lines
-from orchestrator.record import TrialRecord
+from orchestrator.review import report
+from orchestrator.plan.verdict import verdict, verdict_lines
+from orchestrator.records.record import TrialRecord
 from orchestrator.planner import ClusterSpec, Efficiency, PlanConfig, predict
 from orchestrator.planner.band import Band, load_band
-from orchestrator.target import parse_target
+from orchestrator.search.target import parse_target
 
 
 def test_every_prediction_carries_the_stored_band_and_basis():

@@ -11,9 +11,9 @@ from orchestrator.planner import (BalancedSplit, ClusterSpec, Efficiency, FirstL
 from orchestrator.planner.knobs import Consts, encode
 from orchestrator.planner.memory import stage_memory
 from orchestrator.backends.ray_trials import prefilter_from_settings
-from orchestrator.prefilter import (REASON_PREFIX, MemoryPrefilter, load_cluster, mapping_notes, plan_for_trial,
+from orchestrator.plan.prefilter import (REASON_PREFIX, MemoryPrefilter, load_cluster, mapping_notes, plan_for_trial,
                                     prefilter_summary, prefilter_summary_text)
-from orchestrator.record import Metrics, TrialRecord
+from orchestrator.records.record import Metrics, TrialRecord
 from trainer.config import TrainConfig, apply_overrides
 
 CPU = ClusterSpec(name="test-cpu", num_gpus=2, gpus_per_node=64, peak_tflops=0.16, hbm_gb=8.0, hbm_bw_GBps=10.0,
@@ -183,7 +183,7 @@ def test_skips_what_cannot_fit_and_launches_what_fits():
 
 
 def test_unpredictable_configs_are_launched_and_counted(monkeypatch):
-    from orchestrator import prefilter
+    from orchestrator.plan import prefilter
 
     pf = MemoryPrefilter(CPU, EXACT, budget_bytes=1.0)
     real = prefilter.plan_for_trial

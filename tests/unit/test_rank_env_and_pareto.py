@@ -22,7 +22,7 @@ ENV_TABLE = [
 @pytest.mark.parametrize("nodes,expected", ENV_TABLE)
 def test_rank_environment(nodes, expected):
     """torchrun's variables per actor; on GPU nodes each rank sees its node's group GPUs, LOCAL_RANK its own."""
-    from orchestrator.workers import rank_envs
+    from orchestrator.backends.workers import rank_envs
 
     envs = rank_envs(nodes)
     for env, want in zip(envs, expected):
@@ -30,7 +30,7 @@ def test_rank_environment(nodes, expected):
 
 
 def test_pareto_front_is_the_non_dominated_points():
-    from orchestrator.sweep_plots import pareto_front
+    from orchestrator.review.plots import pareto_front
 
     pts = [(4.0, 0.07), (6.0, 0.055), (6.0, 0.056), (5.0, 0.10), (8.0, 0.08), (7.0, 0.05)]
     assert pareto_front(pts) == [(4.0, 0.07), (6.0, 0.055), (7.0, 0.05)]

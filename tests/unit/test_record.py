@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.ledger import Ledger
-from orchestrator import records_query as Q
-from orchestrator.record import (SCHEMA_VERSION, Kind, Metrics, Probe, Status, TrialRecord, line_bytes,
+from orchestrator.records.ledger import Ledger
+from orchestrator.records import query as Q
+from orchestrator.records.record import (SCHEMA_VERSION, Kind, Metrics, Probe, Status, TrialRecord, line_bytes,
                                  load_records, read_records)
 from trainer.result import Result
 

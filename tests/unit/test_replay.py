@@ -15,8 +15,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import replay as R  # noqa: E402
 
-from orchestrator import winner  # noqa: E402
-from orchestrator.prefilter import load_cluster  # noqa: E402
+from orchestrator.records import winner  # noqa: E402
+from orchestrator.plan.prefilter import load_cluster  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_noise_aware_rule_remeasures_an_overlapping_top_and_drops_a_lucky_sample
 def test_the_sweep_summary_reports_the_same_rule_from_a_ledger():
     from datetime import datetime, timezone
 
-    from orchestrator.record import Metrics, TrialRecord
+    from orchestrator.records.record import Metrics, TrialRecord
 
     def line(trial, kind, params, t):
         now = datetime.now(timezone.utc)

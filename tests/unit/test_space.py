@@ -5,7 +5,7 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from orchestrator.space import enumerate_space, feasible_splits, params_for, parse_space, suggest
+from orchestrator.search.space import enumerate_space, feasible_splits, params_for, parse_space, suggest
 
 FIXED = {"recompute.kind": "none", "parallel.pp": 1, "pipeline.schedule": "1f1b", "pipeline.virtual_stages": 1,
          "model.n_layers": 6}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from orchestrator.config import DEFAULT_SWEEP, load_sweep
+from orchestrator.sweep.config import DEFAULT_SWEEP, load_sweep
 
 
 def test_default_sweep_is_valid_and_covers_all_four_knob_families():

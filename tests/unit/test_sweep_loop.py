@@ -15,10 +15,10 @@ import pytest
 from optuna.trial import TrialState
 
 from orchestrator.backends import RunOutcome
-from orchestrator.config import load_sweep
-from orchestrator.record import Metrics, TrialRecord
-from orchestrator.space import suggest
-from orchestrator.sweep import Sweep
+from orchestrator.sweep.config import load_sweep
+from orchestrator.records.record import Metrics, TrialRecord
+from orchestrator.search.space import suggest
+from orchestrator.sweep.loop import Sweep
 from trainer.profile import trace_name
 from trainer.result import RankResult, StepRecord, merge
 
@@ -247,7 +247,7 @@ def test_resume_of_a_new_or_failed_baseline_queues_the_baseline(config):
     assert waiting.state == TrialState.WAITING and waiting.user_attrs["kind"] == "baseline"
     assert waiting.system_attrs["fixed_params"] == cfg.built.configs.baseline_params(cfg.space)
     # The baseline fails (here: out of memory): it is queued again, not counted, and the sweep stops on it.
-    from orchestrator.sweep import SweepError
+    from orchestrator.sweep.loop import SweepError
 
     with pytest.raises(SweepError, match="the baseline \\(trial 0\\) did not run: oom"):
         run_loop(cfg, FakeRunner(lambda c: "oom" if c.parallel.pp == 2 else 1.0))
@@ -298,7 +298,8 @@ def test_after_the_search_overlapping_top_configs_are_run_again_until_the_winner
     assert repeats[0].parity is not None and repeats[0].parity.passed  # judged like any run
     assert sweep.study.finished() == 3  # a re-measurement is no trial of the study
     assert sweep.records == sweep.ledger.read()
-    from orchestrator import report, winner
+    from orchestrator.review import report
+    from orchestrator.records import winner
 
     w = winner.summary(sweep.records, cfg.winner)
     assert (w["trial"], w["runs"], w["repeats_run"], w["remeasure_trials"]) == (1, 2, 1, [])
@@ -310,7 +311,7 @@ def test_a_leader_by_one_lucky_run_loses_to_the_better_median(config):
     sweep, _ = run_loop(cfg, FakeRunner(scripted({2: [0.60, 0.58, 0.59], 4: [0.55, 0.70, 0.72]})))
     runs = [(r.trial, r.metrics.step_time_s) for r in sweep.records if r.kind == "repeat"]
     assert sorted(runs) == [(0, 0.58), (0, 0.59), (1, 0.70), (1, 0.72)]  # both to winner.min_runs=3
-    from orchestrator import winner
+    from orchestrator.records import winner
 
     w = winner.summary(sweep.records, cfg.winner)
     assert (w["trial"], w["median_s"], w["remeasure_trials"]) == (0, 0.59, [])
@@ -320,7 +321,7 @@ def test_the_repeat_budget_bounds_the_re_measurements_and_the_summary_says_what_
     cfg = config("search.n_trials=2", "winner.max_repeats=1", "winner.min_runs=3", enqueue=[{"batch.micro_batch_size": 4}])
     sweep, _ = run_loop(cfg, FakeRunner(scripted({2: [0.60, 0.58, 0.59], 4: [0.55, 0.70, 0.72]})))
     assert [(r.trial, r.repeat) for r in sweep.records if r.kind == "repeat"] == [(1, 1)]
-    from orchestrator import winner
+    from orchestrator.records import winner
 
     w = winner.summary(sweep.records, cfg.winner)
     assert w["remeasure_trials"] and "not settled" in winner.summary_text(w)
@@ -334,7 +335,7 @@ def test_the_repeat_budget_bounds_the_re_measurements_and_the_summary_says_what_
 def test_the_wall_time_budget_also_ends_the_re_measurements(config, monkeypatch):
     import types
 
-    from orchestrator import sweep as sweep_module
+    from orchestrator.sweep import loop as sweep_module
 
     clock = {"now": 0.0}  # the loop's clock advances by each run's wall, as if the runs took their time
 
@@ -351,6 +352,6 @@ def test_the_wall_time_budget_also_ends_the_re_measurements(config, monkeypatch)
     sweep, _ = run_loop(cfg, Timed(scripted({2: [0.60], 4: [0.55]})))
     assert [r.kind for r in sweep.records] == ["canonical", "baseline", "trial"]
     assert sweep.stop_reason == "the wall-time budget (12 s) is spent"
-    from orchestrator import winner
+    from orchestrator.records import winner
 
     assert winner.summary(sweep.records, cfg.winner)["remeasure_trials"] == [1, 0]

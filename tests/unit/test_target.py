@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.target import Target, parse_target, schedule_step_time
+from orchestrator.search.target import Target, parse_target, schedule_step_time
 
 
 def test_the_articles_schedule_gives_9_30_s():

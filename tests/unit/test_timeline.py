@@ -6,7 +6,7 @@ import matplotlib.image as mpimg
 import numpy as np
 import pytest
 
-from orchestrator.timeline import PHASE_COLOURS, UNKNOWN_COLOUR, render_timeline
+from orchestrator.review.timeline import PHASE_COLOURS, UNKNOWN_COLOUR, render_timeline
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -1,6 +1,6 @@
 """One driver per Optuna study, whatever its results directory: a driver record in the study, kept alive by a heartbeat.
 
-The ledger lock (orchestrator.ledger) guards one results directory; two drivers with different results dirs
+The ledger lock (orchestrator.records.ledger) guards one results directory; two drivers with different results dirs
 but the same ``storage.optuna_url`` would still share the study, and the second would take the first one's
 RUNNING trial for a dead driver's (FAIL it, queue a second baseline). So the study itself is claimed at open:
 

@@ -22,13 +22,13 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from orchestrator import records_query as Q
-from orchestrator import sweep_plots
-from orchestrator.record import Kind, Status, TrialRecord
-from orchestrator.tracking_lines import (MAX_TAG, PROGRESS, epoch_ms, flag, line_key, params_of,
+from orchestrator.records import query as Q
+from orchestrator.review import plots as sweep_plots
+from orchestrator.records.record import Kind, Status, TrialRecord
+from orchestrator.review.tracking_lines import (MAX_TAG, PROGRESS, epoch_ms, flag, line_key, params_of,
                                          plot_point, progress_points, run_key, run_name, summary_md, to_yaml,
                                          trial_metrics, trial_params, trial_tags, write_trial_artifacts)
-from orchestrator.tracking_store import open_with_recovery
+from orchestrator.review.tracking_store import open_with_recovery
 from trainer.config import flatten
 
 # MLflow's per-request limits (mlflow.utils.validation): 100 params+tags, 1000 entities in all.

@@ -1,7 +1,7 @@
 """Calibrate the planner to a real sweep: fit its efficiency parameters to the trials in a ledger.
 
 ``calibrate_from_ledger`` reads ``results/<sweep>/trials.jsonl``, maps each measured trial's trainer config
-onto the planner (``orchestrator.prefilter.plan_for_trial``), and hands the pairs to
+onto the planner (``orchestrator.plan.prefilter.plan_for_trial``), and hands the pairs to
 ``orchestrator.planner.calibrate``; ``format_calibration`` prints the error per metric before and after;
 ``write_calibration`` / ``load_calibration`` store the fitted efficiency as YAML a sweep's ``prefilter:``
 section points to. ``calibrate_main`` is the command line (``python -m orchestrator calibrate``).
@@ -20,7 +20,7 @@ import yaml
 
 from orchestrator.planner import Calibration, ClusterSpec, Efficiency, calibrate
 from orchestrator.planner.calibrate import BOUNDS
-from orchestrator.record import TrialRecord, read_records
+from orchestrator.records.record import TrialRecord, read_records
 from trainer.knobs import FsdpDP
 from trainer.result import Result
 
@@ -59,7 +59,7 @@ def ledger_records(lines: Sequence[TrialRecord], cluster: ClusterSpec, efficienc
 
     Returns (records, their trial numbers, (trial, why) for records that were measured but not usable).
     """
-    from orchestrator.prefilter import plan_for_trial
+    from orchestrator.plan.prefilter import plan_for_trial
     from trainer.config import TrainConfig
 
     records, used, skipped = [], [], []
@@ -200,7 +200,7 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     """Fit, print and write; a ValueError names the flag or file that is wrong."""
-    from orchestrator.prefilter import load_cluster
+    from orchestrator.plan.prefilter import load_cluster
 
     fit = [f.strip() for f in args.fit.split(",") if f.strip()] if args.fit else None
     for name in fit or ():

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from orchestrator import records_query as Q
-from orchestrator.record import Status, TrialRecord
+from orchestrator.records import query as Q
+from orchestrator.records.record import Status, TrialRecord
 
 VERDICTS = ("robust", "point only", "not met")
 

@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Generator
 
-from orchestrator import guided, records_query as Q
-from orchestrator import report
+from orchestrator.plan import guided
+from orchestrator.records import query as Q
+from orchestrator.review import report
 from orchestrator.backends import RunOutcome
-from orchestrator.ledger import Ledger
-from orchestrator.record import Metrics, ParityVerdict, TrialRecord
-from orchestrator.sweep_study import SweepStudy
+from orchestrator.records.ledger import Ledger
+from orchestrator.records.record import Metrics, ParityVerdict, TrialRecord
+from orchestrator.sweep.study import SweepStudy
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class Recorder:
         if not self.cfg.tracking.enabled:
             return None, None
         try:
-            from orchestrator.tracking import Tracker
+            from orchestrator.review.tracking import Tracker
 
             tracker = Tracker(self.cfg.mlflow_uri, self.cfg.tracking.experiment)
             return tracker, tracker.start_sweep(self.cfg.name, self.cfg.raw, self.cfg.target.seconds(self.baseline_s))

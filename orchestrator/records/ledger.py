@@ -14,8 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from orchestrator.jsonl import JsonLines, LedgerBusy
-from orchestrator.record import TrialRecord, load_records
+from orchestrator.records.jsonl import JsonLines, LedgerBusy
+from orchestrator.records.record import TrialRecord, load_records
 
 __all__ = ["Ledger", "LedgerBusy"]
 

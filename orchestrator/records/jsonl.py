@@ -1,7 +1,7 @@
 """Append-only JSON-lines files (the ledger's file layer): one writer, a line fsynced before the next step, and a
 line cut short by a killed writer (no trailing newline) set aside into ``<name>.torn`` instead of read.
 
-Below orchestrator.record (which reads a ledger's lines into records) and orchestrator.ledger (which writes
+Below orchestrator.records.record (which reads a ledger's lines into records) and orchestrator.records.ledger (which writes
 records), so neither needs the other's module to reach the file.
 """
 

@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from orchestrator.record import Kind, Status, TrialRecord
+from orchestrator.records.record import Kind, Status, TrialRecord
 
 @dataclass(frozen=True)
 class WinnerRule:

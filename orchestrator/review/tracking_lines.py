@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
-from orchestrator import report
-from orchestrator.record import Kind, Status, TrialRecord
-from orchestrator.timeline import render_timeline
+from orchestrator.review import report
+from orchestrator.records.record import Kind, Status, TrialRecord
+from orchestrator.review.timeline import render_timeline
 from trainer.config import TrainConfig, flatten
 
 MAX_TAG = 5000

@@ -4,7 +4,7 @@ Reads the ledger (``results/<sweep>/trials.jsonl``, the source of truth) and wri
 
 - ``trainer.yaml``: the trial's resolved TrainConfig; ``python -m trainer --config trainer.yaml`` runs it
   as is, with exactly the trial's settings;
-- ``megatron_args.txt``: the same settings as Megatron-LM flags (orchestrator/megatron.py);
+- ``megatron_args.txt``: the same settings as Megatron-LM flags (orchestrator/export/megatron.py);
 - ``summary.md``: measured numbers vs the baseline, the parity verdict, the MLflow run id, and every
   knob Megatron cannot take, by name.
 
@@ -23,11 +23,12 @@ from typing import Any
 
 import yaml
 
-from orchestrator import records_query as Q, winner
-from orchestrator.config import load_saved_sweep
-from orchestrator.plan_verdict import verdict as plan_verdict, verdict_lines
-from orchestrator.megatron import format_args, megatron_args, megatron_args_for_plan
-from orchestrator.record import Kind, ParityVerdict, Status, TrialRecord, read_records
+from orchestrator.records import query as Q
+from orchestrator.records import winner
+from orchestrator.sweep.config import load_saved_sweep
+from orchestrator.plan.verdict import verdict as plan_verdict, verdict_lines
+from orchestrator.export.megatron import format_args, megatron_args, megatron_args_for_plan
+from orchestrator.records.record import Kind, ParityVerdict, Status, TrialRecord, read_records
 from trainer.config import TrainConfig, flatten
 
 
@@ -98,7 +99,7 @@ def step_time(record: TrialRecord) -> float | None:
 
 
 def pick(records: list[TrialRecord], trial: int | None, force: bool) -> tuple[TrialRecord, str | None]:
-    """(record, forced-despite reason). Winner: the noise-aware winner (orchestrator.winner: lowest median over
+    """(record, forced-despite reason). Winner: the noise-aware winner (orchestrator.records.winner: lowest median over
     a config's runs) of the exportable records, among the configs confirmed to meet the target if any were."""
     if trial is None:
         ok = [r for r in records if refusal(r) is None and step_time(r) is not None]
@@ -174,7 +175,7 @@ def mlflow_run_of(ledger_path: Path, record: TrialRecord) -> str | None:
     sweep = load_saved_sweep(Path(ledger_path).parent)
     if sweep is not None and not sweep.tracking.enabled:
         return None
-    from orchestrator.tracking import find_trial_run, tracking_uri_for
+    from orchestrator.review.tracking import find_trial_run, tracking_uri_for
 
     # The ledger lies in <results_dir>/<sweep>/: that is where the default store is, whatever the cwd was.
     uri = (sweep.storage.mlflow_uri if sweep else None) or tracking_uri_for(Path(ledger_path).parent.parent)

@@ -92,7 +92,7 @@ def _split_overrides(items: list[str], planner: dict, known_planner: list[str]) 
 def plan(path: str | Path, overrides: list[str]) -> dict[str, Any]:
     """The prediction for the sweep file's baseline with ``overrides`` applied, as a JSON-able mapping."""
     from orchestrator import planner as pl
-    from orchestrator.target import parse_target
+    from orchestrator.search.target import parse_target
 
     path = Path(path)
     if not path.is_file():

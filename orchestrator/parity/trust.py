@@ -2,7 +2,7 @@
 
 A trial is judged against a reference, and the reference is only as good as the run it came from. So:
 
-1. **Canonical run.** Per maths key (orchestrator.parity.maths_key) the simplest layout of the same maths
+1. **Canonical run.** Per maths key (orchestrator.parity.verdict.maths_key) the simplest layout of the same maths
    is run once: pp=1 (every rank a data-parallel replica), no recompute, the project's plain bucketed
    all-reduce without overlap, the baseline's microbatch size where it divides the batch. It has the same
    maths key as the baseline by construction. If the reference store already holds a canonical run for the
@@ -13,7 +13,7 @@ A trial is judged against a reference, and the reference is only as good as the 
    a reference taken from it would pass the same bug in every trial and fail every correct one.
 3. **Trials.** Compared with the anchor under the same tolerance.
 
-Runs are compared first and stored only when they pass (orchestrator.parity.ReferenceStore), so the store
+Runs are compared first and stored only when they pass (orchestrator.parity.verdict.ReferenceStore), so the store
 never drifts. Only the ray backend runs this: the model backend predicts and has no parity to check.
 """
 
@@ -23,7 +23,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from orchestrator import parity
+from orchestrator.parity import verdict as parity
 from trainer.config import NoRecompute, PipelineConfig, ReplicateDP, TrainConfig, flatten
 
 
@@ -68,7 +68,7 @@ def settings_that_differ(cfg: dict[str, Any], canonical: dict[str, Any]) -> list
 
 
 class ParityGate:
-    """The reference and tolerance every run of one sweep is judged by (orchestrator.sweep asks it)."""
+    """The reference and tolerance every run of one sweep is judged by (orchestrator.sweep.loop asks it)."""
 
     def __init__(self, root: Path) -> None:
         self.refs = parity.ReferenceStore(root)

@@ -30,7 +30,7 @@ import numpy as np
 import optuna
 from optuna.samplers import BaseSampler
 
-from orchestrator.winner import key_of
+from orchestrator.records.winner import key_of
 
 FLOAT_POINTS = 3
 """Values a float param takes among the planner's candidates: its ends and geometric (or plain) middle."""
@@ -58,7 +58,7 @@ def float_values(p: Any, n: int = FLOAT_POINTS) -> list[float]:
 def candidates(space: Any, fixed: Mapping[str, Any], split_context: Any, n_float: int = FLOAT_POINTS
                ) -> list[dict[str, Any]]:
     """Every params set of ``space`` (``space.enumerate_space``), each float param at ``float_values``."""
-    from orchestrator.space import enumerate_space
+    from orchestrator.search.space import enumerate_space
 
     floats = {p.name: p for p in space.params if p.type == "float"}
     out, seen = [], set()
@@ -91,7 +91,7 @@ class PlannerRanking:
     """The planner's view of a space's candidates: predictions with the current efficiency, refits to a ledger."""
 
     def __init__(self, space: Any, configs: Any, cluster: Any, efficiency: Any, n_float: int = FLOAT_POINTS):
-        from orchestrator.prefilter import plan_for_trial
+        from orchestrator.plan.prefilter import plan_for_trial
 
         self.space, self.configs, self.cluster, self.n_float = space, configs, cluster, n_float
         self.prior = self.efficiency = efficiency
@@ -144,7 +144,7 @@ class PlannerRanking:
 
     def refit(self, lines: Sequence[Mapping[str, Any]]) -> bool:
         """Refit to the ledger lines (only new ones are mapped); True when the efficiency changed."""
-        from orchestrator.calibration import ledger_records
+        from orchestrator.plan.calibration import ledger_records
         from orchestrator.planner import calibrate
 
         new = list(lines[self._lines_seen:])
@@ -270,8 +270,8 @@ def sampler_for(backend: Any, base: BaseSampler, records: Callable[[], Sequence[
     """``sampler.kind: guided`` for a real-trials backend (``RayTrials``): GuidedSampler over ``base``, or ``base``
     alone when the planner cannot model the space (no cluster for this device, nothing mappable), saying why."""
     from orchestrator import REPO_ROOT
-    from orchestrator.calibration import DEFAULT_CLUSTER
-    from orchestrator.prefilter import load_cluster
+    from orchestrator.plan.calibration import DEFAULT_CLUSTER
+    from orchestrator.plan.prefilter import load_cluster
 
     cfg, configs = backend.cfg, backend.configs
     if backend.prefilter is not None:  # the sweep's own cluster file (and calibration) for this device

@@ -18,9 +18,9 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import TrialState
 
-from orchestrator import studylock
-from orchestrator.prefilter import REASON_PREFIX
-from orchestrator.record import Kind, Status, TrialRecord
+from orchestrator.sweep import lock as studylock
+from orchestrator.plan.prefilter import REASON_PREFIX
+from orchestrator.records.record import Kind, Status, TrialRecord
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class SweepError(RuntimeError):
 
 
 class SweepStudy:
-    """The study of one sweep, held under its lock (orchestrator.studylock) until ``release``."""
+    """The study of one sweep, held under its lock (orchestrator.sweep.lock) until ``release``."""
 
     def __init__(self, cfg: Any, backend: Any, records: Callable[[], list] = list):
         """``records``: the ledger's records so far (what a guided sampler refits the planner to)."""

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from orchestrator import REPO_ROOT, backends
-from orchestrator.space import Space, enumerate_space, parse_space
-from orchestrator.target import Target, parse_target
-from orchestrator.winner import WinnerRule
+from orchestrator.search.space import Space, enumerate_space, parse_space
+from orchestrator.search.target import Target, parse_target
+from orchestrator.records.winner import WinnerRule
 from trainer.mapping import build
 
 log = logging.getLogger(__name__)
@@ -327,7 +327,7 @@ def check_sweep(cfg: SweepConfig) -> backends.Backend:
 
     Returns the backend it built (its configs and pre-filter), for the sweep to use as is.
     """
-    from orchestrator import parity
+    from orchestrator.parity import verdict as parity
 
     check_results_dir(cfg)
     backend = backends.build(cfg)

@@ -11,13 +11,13 @@ import sys
 import time
 from typing import Any, TextIO
 
-from orchestrator import parity
-from orchestrator import records_query as Q
-from orchestrator.plan_verdict import verdict, verdict_lines
-from orchestrator import winner as W
-from orchestrator.prefilter import prefilter_summary, prefilter_summary_text
-from orchestrator.record import Kind, Status, TrialRecord
-from orchestrator.target import Target
+from orchestrator.parity import verdict as parity
+from orchestrator.records import query as Q
+from orchestrator.plan.verdict import verdict, verdict_lines
+from orchestrator.records import winner as W
+from orchestrator.plan.prefilter import prefilter_summary, prefilter_summary_text
+from orchestrator.records.record import Kind, Status, TrialRecord
+from orchestrator.search.target import Target
 from orchestrator.units import fmt_bytes
 
 _SHORT = {"batch.micro_batch_size": "mbs", "parallel.pp": "pp", "pipeline.schedule": "sched",

@@ -1,6 +1,6 @@
 """Questions asked of a ledger's records: the baseline, the best, the confirmed winner, what pruning saved.
 
-The typed counterparts of the readers in ``orchestrator.ledger``, on ``TrialRecord`` (orchestrator.record).
+The typed counterparts of the readers in ``orchestrator.records.ledger``, on ``TrialRecord`` (orchestrator.records.record).
 They answer from what a record is (measured, predicted, its probe), not from which backend wrote it.
 """
 
@@ -10,7 +10,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from orchestrator.record import Kind, Status, TrialRecord
+from orchestrator.records.record import Kind, Status, TrialRecord
 
 
 def measured(records: Iterable[TrialRecord]) -> list[TrialRecord]:

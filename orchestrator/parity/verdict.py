@@ -1,7 +1,7 @@
 """Loss-parity gate: a trial must learn exactly what the reference learns.
 
 Pure functions. The reference is a run of the same maths (same seed, data, global batch, steps): the
-canonical layout's run when there is one (orchestrator.trust): per-step losses, per-step global gradient
+canonical layout's run when there is one (orchestrator.parity.trust): per-step losses, per-step global gradient
 norms and a layout-independent fingerprint of the final parameters (per-tensor L2 norm and sum under the
 single-process model's names). A run is compared step by step; the first failing step and metric are
 reported with their difference and tolerance. Tolerances are per precision; the fp32 defaults sit between
@@ -208,8 +208,8 @@ class ReferenceStore:
     """Reference runs kept by what affects the maths: ``<root>/<maths_key>.json``.
 
     The first run stored under a key is the anchor every later run of those maths is compared with: the
-    canonical run (the simplest layout of the maths, orchestrator.trust) when it is there. A run is added
-    only after it passed against the anchor (orchestrator.trust checks first), so a run with a maths bug
+    canonical run (the simplest layout of the maths, orchestrator.parity.trust) when it is there. A run is added
+    only after it passed against the anchor (orchestrator.parity.trust checks first), so a run with a maths bug
     never enters the store and never widens a tolerance. A change of anything in MATHS_FIELDS is a different
     key, so a reference is never reused across it. Deleting the file starts that key over (needed only when
     the software or hardware changed on purpose and the old numbers are no longer expected).

@@ -1,7 +1,7 @@
 """The sweep loop: what runs next, on which slot, and when the sweep stops. Nothing else.
 
-Study handling (lock, fingerprint, resume, tell) is orchestrator.sweep_study; judging and recording a
-finished run (ledger first, then Optuna, then MLflow) is orchestrator.sweep_judge; everything that
+Study handling (lock, fingerprint, resume, tell) is orchestrator.sweep.study; judging and recording a
+finished run (ledger first, then Optuna, then MLflow) is orchestrator.sweep.judge; everything that
 differs between real trials and predictions is the backend's (orchestrator.backends).
 
 A trial is a generator of runs (a probe, then the full measurement), so several trials can be in flight on
@@ -17,14 +17,17 @@ from typing import Any, Generator
 
 import yaml
 
-from orchestrator import backends, report, trust, winner
-from orchestrator import records_query as Q
+from orchestrator import backends
+from orchestrator.review import report
+from orchestrator.parity import trust
+from orchestrator.records import winner
+from orchestrator.records import query as Q
 from orchestrator.backends import RunOutcome
-from orchestrator.ledger import Ledger
-from orchestrator.record import Kind, TrialRecord
-from orchestrator.space import suggest
-from orchestrator.sweep_judge import Job, Recorder
-from orchestrator.sweep_study import SweepError, SweepStudy
+from orchestrator.records.ledger import Ledger
+from orchestrator.records.record import Kind, TrialRecord
+from orchestrator.search.space import suggest
+from orchestrator.sweep.judge import Job, Recorder
+from orchestrator.sweep.study import SweepError, SweepStudy
 
 __all__ = ["Job", "Sweep", "SweepError", "run_sweep"]
 
@@ -47,7 +50,7 @@ class Sweep:
         records = self.ledger.read()  # before the study: a ledger that does not load leaves no study behind
         self.study = SweepStudy(cfg, self.backend, lambda: self.records)
         self.gate = trust.ParityGate(cfg.results_dir.parent / "parity_refs")
-        """Canonical -> baseline -> trials (orchestrator.trust); its store is shared by every sweep under the same
+        """Canonical -> baseline -> trials (orchestrator.parity.trust); its store is shared by every sweep under the same
         results directory, by maths key."""
         self.recorder = Recorder(cfg, self.backend, self.study, self.ledger, records, self.gate, self.progress)
         self.queue: list[Job] = []
@@ -261,7 +264,7 @@ class Sweep:
                 self.stop_reason = self.target_reason + (f" (after search.min_trials={n})" if n else "")
 
     def _repeat_job(self) -> Job | None:
-        """One more run of a config the noise-aware winner rule cannot yet tell from the leader (orchestrator.winner);
+        """One more run of a config the noise-aware winner rule cannot yet tell from the leader (orchestrator.records.winner);
         None when the rule is satisfied, its ``max_repeats`` are spent, or runs are predictions. Derived from the
         ledger alone, so a resumed sweep goes on where the dead one stopped."""
         source = self._repeat_of()
@@ -307,7 +310,7 @@ class Sweep:
 
     def _finish(self, job: Job, outcome: Any, same: TrialRecord | None = None,
                 repeat: int | None = None) -> TrialRecord:
-        """Record the finished job (orchestrator.sweep_judge), then what it means for the schedule."""
+        """Record the finished job (orchestrator.sweep.judge), then what it means for the schedule."""
         record = self.recorder.finish(job, outcome, same, repeat)
         if job.kind in ("baseline", "canonical"):
             self._after_baseline(job, record.status, record.reason)

@@ -24,7 +24,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from orchestrator import capacity
+from orchestrator.backends import capacity
 from trainer.result import RankResult
 
 log = logging.getLogger(__name__)

@@ -32,8 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from orchestrator.jsonl import JsonLines
-from orchestrator.parity import Tolerance, describe_failure
+from orchestrator.records.jsonl import JsonLines
+from orchestrator.parity.verdict import Tolerance, describe_failure
 from trainer.mapping import flatten
 from trainer.result import Result, Summary
 
@@ -48,9 +48,9 @@ class Kind(enum.StrEnum):
     TRIAL = "trial"
     CONFIRM = "confirm"
     CANONICAL = "canonical"
-    """The reference run of the baseline's maths in the simplest layout (orchestrator.trust); no candidate."""
+    """The reference run of the baseline's maths in the simplest layout (orchestrator.parity.trust); no candidate."""
     REPEAT = "repeat"
-    """A re-measurement the noise-aware winner rule asked for (orchestrator.winner): the trial's config again,
+    """A re-measurement the noise-aware winner rule asked for (orchestrator.records.winner): the trial's config again,
     after the search; it adds a run to the config's median and is no candidate of its own."""
 
 
@@ -149,7 +149,7 @@ class Metrics:
 
 @dataclass
 class ParityVerdict:
-    """A trial's losses, gradient norms and final parameters against the baseline's (orchestrator.parity)."""
+    """A trial's losses, gradient norms and final parameters against the baseline's (orchestrator.parity.verdict)."""
 
     passed: bool
     """Every step and the final parameters within tolerance, and the same maths settings."""
@@ -271,7 +271,7 @@ class TrialRecord:
     placement: list[dict[str, Any]] | None = None
     """Where each rank ran, in rank order: host, ip, Ray node id, GPU ids, pid (ray backend; None otherwise)."""
     planner: dict[str, Any] | None = None
-    """A guided sweep's planner view of this trial (orchestrator.guided.planner_fields): its prediction with
+    """A guided sweep's planner view of this trial (orchestrator.plan.guided.planner_fields): its prediction with
     the efficiency refitted to the trials before it, the error against the measurement, whether it picked it
     (or why the planner cannot model it). None for other samplers."""
     extra: dict[str, Any] = field(default_factory=dict)

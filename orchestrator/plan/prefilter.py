@@ -25,7 +25,7 @@ from orchestrator.planner.config import OptimizerSharding, PipelineComm, TensorP
 from orchestrator.planner.knobs import Consts, encode
 from orchestrator.planner.memory import MEMORY_PARTS, stage_memory
 from orchestrator.planner.parse import plan_config_from_dict
-from orchestrator.record import Status, TrialRecord
+from orchestrator.records.record import Status, TrialRecord
 from orchestrator.units import fmt_bytes as _fmt
 
 REASON_PREFIX = "prefilter:"
@@ -126,7 +126,7 @@ class Verdict:
 class MemoryPrefilter:
     """Skip trainer configs whose predicted peak memory per rank exceeds a budget.
 
-    ``efficiency`` should be a calibrated one (``orchestrator.calibration``); without it the planner's
+    ``efficiency`` should be a calibrated one (``orchestrator.plan.calibration``); without it the planner's
     defaults are used. ``budget_bytes`` defaults to the cluster's memory per GPU (``hbm_gb``). A config is
     skipped when its prediction exceeds ``budget_bytes * (1 + margin)``: a positive margin (say the
     calibrated memory fit's max error) keeps a model error from stopping a config that would have fit.
