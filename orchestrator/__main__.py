@@ -175,6 +175,18 @@ def _calibrate(args: argparse.Namespace) -> int:
     return run_calibrate(args)
 
 
+def _netcal_args(p: argparse.ArgumentParser) -> None:
+    from orchestrator.plan.netcal import add_arguments
+
+    add_arguments(p)
+
+
+def _netcal(args: argparse.Namespace) -> int:
+    from orchestrator.plan.netcal import run
+
+    return run(args)
+
+
 COMMANDS: list[Command] = [
     Command("sweep", "run or resume a sweep",
             "Run (or resume) the sweep a file describes: a baseline, then trials until the target is met and "
@@ -192,6 +204,10 @@ COMMANDS: list[Command] = [
             "One config in, the planner's prediction out: the breakdown along the critical path, memory per "
             "pipeline stage, MFU with its peak basis, the band, and the file's target judged at the point and at "
             "the band's upper end. key=value changes a knob or planner.<section>.<field>.", _plan_args, _plan),
+    Command("netcal", "fit a cluster file's network to nccl-tests output",
+            "Read nccl-tests output (all_reduce_perf, reduce_scatter_perf, all_gather_perf, sendrecv_perf), fit "
+            "the planner's bandwidth and latency per tier to it, and write a cluster file with basis: measured "
+            "and its provenance. --measure N measures N local ranks first (gloo on CPU).", _netcal_args, _netcal),
 ]
 
 

@@ -35,16 +35,20 @@ REASON_PREFIX = "prefilter:"
 # ---- the cluster file --------------------------------------------------------------------------
 
 def load_cluster(path: str | Path) -> tuple[ClusterSpec, Efficiency]:
-    """A cluster file (``cluster:`` and optional ``efficiency:`` priors) -> validated specs."""
+    """A cluster file (``cluster:``, optional ``efficiency:`` priors and ``provenance:``) -> validated specs.
+
+    ``provenance`` (where the figures come from: ``steptune netcal`` writes it) is for people; the planner
+    does not read it.
+    """
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"cluster file {path}: no such file")
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, Mapping) or "cluster" not in data:
         raise ValueError(f"{path}: expected a mapping with a cluster: section (and optionally efficiency:)")
-    extra = sorted(set(data) - {"cluster", "efficiency"})
+    extra = sorted(set(data) - {"cluster", "efficiency", "provenance"})
     if extra:
-        raise ValueError(f"{path}: {extra[0]}: unknown section; known: cluster, efficiency")
+        raise ValueError(f"{path}: {extra[0]}: unknown section; known: cluster, efficiency, provenance")
     # A one-rank placeholder plan lets the planner's own parser validate and name bad fields.
     plan = plan_config_from_dict({"cluster": {**data["cluster"], "num_gpus": 1},
                                   "efficiency": data.get("efficiency") or {}}, where=str(path))

@@ -1,0 +1,190 @@
+"""nccl-tests output -> the planner's network: the parser (formats, bad input), the fit, the cluster file, the CLI."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.__main__ import main
+from orchestrator.plan import netcal
+from orchestrator.plan.prefilter import load_cluster
+from orchestrator.planner import comm
+from trainer.netbench import Row, format_table
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nccl_tests"
+REPO = Path(__file__).resolve().parents[2]
+BASE = REPO / "search_spaces" / "clusters" / "h100-sxm.yaml"
+
+
+def _read(name: str) -> netcal.Table:
+    path = FIX / name
+    return netcal.parse(path.read_text(), str(path))
+
+
+def test_single_node_all_reduce_both_columns():
+    t = _read("all_reduce_perf_8gpu.txt")
+    assert (t.collective, t.ranks, t.nodes, t.tier) == ("all_reduce", 8, 1, "intra_node")
+    assert t.devices == ("NVIDIA H100 80GB HBM3",)
+    assert len(t.points) == 20 and sum(p.in_place for p in t.points) == 10
+    assert (t.points[-2].size_bytes, t.points[-2].time_us, t.points[-1].time_us) == (1073741824, 5961.4, 5955.8)
+
+
+def test_multi_node_header_and_interleaved_nccl_log_lines():
+    t = _read("all_gather_perf_2node.txt")
+    assert (t.collective, t.ranks, t.nodes, t.ranks_per_node, t.tier) == ("all_gather", 8, 2, 4, "inter_node")
+
+
+def test_collective_from_the_starting_line_and_na_wrong_column():
+    t = _read("sendrecv_perf_2node.txt")
+    assert (t.collective, t.ranks, t.tier) == ("sendrecv", 2, "inter_node")
+
+
+def _broken(tmp_path: Path, name: str, edit) -> Path:
+    lines = (FIX / name).read_text().splitlines()
+    path = tmp_path / name
+    path.write_text("\n".join(edit(lines)) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda ls: ls[:-4], r"all_reduce_perf_8gpu.txt:\d+: the output ends before .* truncated"),
+    (lambda ls: ls[:20] + [ls[20][:40]] + ls[21:], r"all_reduce_perf_8gpu.txt:21: expected 13 columns"),
+    (lambda ls: ls[:18] + [ls[18].replace("      0    18.", "      3    18.", 1)] + ls[19:],
+     r"all_reduce_perf_8gpu.txt:19: 3 wrong values at 4096 B"),
+    (lambda ls: [ln for ln in ls if "size" not in ln], r"no nccl-tests table header"),
+    (lambda ls: [ln for ln in ls if "Rank  3" not in ln], r"must list ranks 0..N-1"),
+    (lambda ls: ls[:18] + [ls[18].replace("18.95", "abc")] + ls[19:], r":19: size and time must be numbers"),
+])
+def test_malformed_output_is_one_line_naming_file_and_line(tmp_path, edit, match):
+    path = _broken(tmp_path, "all_reduce_perf_8gpu.txt", edit)
+    with pytest.raises(ValueError, match=match):
+        netcal.parse(path.read_text(), str(path))
+
+
+def test_which_collective_must_be_known(tmp_path):
+    text = (FIX / "all_reduce_perf_8gpu.txt").read_text()
+    with pytest.raises(ValueError, match="cannot tell which collective.*COLLECTIVE=FILE"):
+        netcal.parse(text, str(tmp_path / "run1.log"))
+    assert netcal.parse(text, "run1.log", "reduce_scatter").collective == "reduce_scatter"
+
+
+def _synthetic(op: str, hosts: list[str], alpha_us: float, bus_GBps: float) -> str:
+    """A table whose times follow the planner's own formulas exactly."""
+    n = len(hosts)
+    rows = []
+    for size in (8, 1024, 65536, 1 << 20, 16 << 20, 256 << 20):
+        if op == "all_reduce":
+            t = float(comm.all_reduce_time(n, size, bus_GBps * 1e9, alpha_us * 1e-6))
+        elif op == "sendrecv":
+            t = float(comm.p2p_time(size, bus_GBps * 1e9, alpha_us * 1e-6))
+        else:
+            t = float(comm.reduce_scatter_time(n, size, bus_GBps * 1e9, alpha_us * 1e-6))
+        rows.append(Row(size, size // 4, t * 1e6, t * 1e6))
+    return format_table(op, rows, [(h, "GPU", 1) for h in hosts], "synthetic")
+
+
+@pytest.mark.parametrize("op, hosts", [("all_reduce", ["a"] * 8), ("reduce_scatter", ["a"] * 4),
+                                       ("all_gather", ["a"] * 4 + ["b"] * 4), ("all_reduce", ["a", "b"]),
+                                       ("sendrecv", ["a", "b"])])
+def test_fit_recovers_the_planners_own_parameters(op, hosts):
+    table = netcal.parse(_synthetic(op, hosts, alpha_us=7.0, bus_GBps=120.0), f"{op}.txt")
+    (f,) = netcal.fit([table]).values()
+    per_node = 1 if table.nodes == 1 or op == "sendrecv" else table.ranks_per_node
+    assert f.tier == table.tier
+    assert f.bw_GBps == pytest.approx(120.0 / per_node, rel=1e-3)  # formats round times to 0.1 us
+    assert f.latency_us == pytest.approx(7.0, rel=2e-2) and f.rel_rms < 1e-2
+    # What the planner then charges a group of that shape is the measured bus bandwidth again.
+    if f.tier == "intra_node":
+        bus = comm.bus_bandwidth(table.ranks, table.ranks, f.bw_GBps, 1.0)
+    else:
+        bus = comm.bus_bandwidth(table.ranks, per_node, 1e9, f.bw_GBps)
+    assert bus == pytest.approx(120.0, rel=1e-3)
+
+
+def test_fit_joins_tables_of_a_tier_and_rejects_flat_times():
+    tables = [netcal.parse(_synthetic("all_reduce", ["a"] * 8, 5.0, 300.0), "all_reduce_perf.txt"),
+              netcal.parse(_synthetic("all_gather", ["a"] * 8, 5.0, 300.0), "all_gather_perf.txt")]
+    fits = netcal.fit(tables)
+    assert set(fits) == {"intra_node"} and len(fits["intra_node"].tables) == 2
+    assert fits["intra_node"].bw_GBps == pytest.approx(300.0, rel=1e-3)
+    flat = format_table("all_reduce", [Row(s, s // 4, 10.0, 10.0) for s in (8, 1024, 1 << 20)],
+                        [("a", "GPU", 1)] * 2, "flat")
+    with pytest.raises(ValueError, match="do not grow with the size"):
+        netcal.fit([netcal.parse(flat, "all_reduce_perf.txt")])
+
+
+def test_hops_and_volume_are_the_planners():
+    for n in (2, 3, 8, 64):
+        hops, vol = netcal.hops_and_volume("all_reduce", n, 1e6)
+        assert hops * 1e-6 + vol / 1e9 == pytest.approx(float(comm.all_reduce_time(n, 1e6, 1e9, 1e-6)))
+        hops, vol = netcal.hops_and_volume("all_gather", n, 1e6)
+        assert hops * 1e-6 + vol / 1e9 == pytest.approx(float(comm.all_gather_time(n, 1e6, 1e9, 1e-6)))
+
+
+def test_cluster_file_names_what_is_measured_and_loads(tmp_path):
+    fits = netcal.fit([_read("all_reduce_perf_8gpu.txt"), _read("sendrecv_perf_2node.txt")])
+    doc = netcal.cluster_file(yaml.safe_load(BASE.read_text()), fits, "2026-12-02T00:00:00Z", "test")
+    prov = doc["provenance"]
+    assert prov["basis"] == "measured" and prov["priors"] == []
+    assert set(prov["measured"]) == {"intra_node_bw_GBps", "intra_node_latency_us", "inter_node_bw_GBps",
+                                     "inter_node_latency_us"}
+    assert [s["file"].rsplit("/", 1)[-1] for s in prov["sources"]] == ["all_reduce_perf_8gpu.txt",
+                                                                      "sendrecv_perf_2node.txt"]
+    assert doc["efficiency"]["dp_bw_eff"] == 1.0 and doc["cluster"]["peak_tflops"] == yaml.safe_load(
+        BASE.read_text())["cluster"]["peak_tflops"]
+    # the 8-GPU all-reduce's large sizes run at ~300-315 GB/s bus bandwidth: the fit lands there
+    assert 250 < doc["cluster"]["intra_node_bw_GBps"] < 330
+    assert 40 < doc["cluster"]["inter_node_bw_GBps"] < 55 and 5 < doc["cluster"]["inter_node_latency_us"] < 20
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    cluster, eff = load_cluster(path)
+    assert cluster.intra_node_bw_GBps == doc["cluster"]["intra_node_bw_GBps"] and eff.dp_bw_eff == 1.0
+
+
+def test_cli_writes_the_file_or_nothing(tmp_path, capsys):
+    out = tmp_path / "measured.yaml"
+    files = [str(FIX / "all_reduce_perf_8gpu.txt"), str(FIX / "all_gather_perf_2node.txt")]
+    assert main(["netcal", *files, "--base", str(BASE), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "intra_node" in text and "inter_node" in text and "basis: measured" in text
+    assert yaml.safe_load(out.read_text())["provenance"]["basis"] == "measured"
+    out.unlink()
+    bad = _broken(tmp_path, "all_reduce_perf_8gpu.txt", lambda ls: ls[:-4])
+    assert main(["netcal", str(bad), "--base", str(BASE), "--out", str(out)]) == 2
+    assert not out.exists() and not list(tmp_path.glob("*.tmp"))
+    assert main(["netcal", "--base", str(BASE), "--out", str(out)]) == 2
+    assert main(["netcal", files[0], "--base", str(tmp_path / "nope.yaml"), "--out", str(out)]) == 2
+    assert main(["netcal", "--measure", "2", "--ops", "all_reduce,bogus", "--base", str(BASE), "--out", str(out)]) == 2
+    assert not out.exists()
+
+
+def test_measured_cluster_gives_the_prediction_of_the_same_numbers_set_by_hand(tmp_path):
+    """Composition: the planner predicts with a netcal file exactly what it predicts with those numbers typed in."""
+    import dataclasses
+
+    from orchestrator.planner import predict
+    from orchestrator.planner.parse import plan_config_from_dict
+
+    fits = netcal.fit([_read("all_reduce_perf_8gpu.txt"), _read("all_gather_perf_2node.txt")])
+    doc = netcal.cluster_file(yaml.safe_load(BASE.read_text()), fits, "now", "test")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    cluster, eff = load_cluster(path)
+    knobs = {"parallel": {"pp": 2, "dp": 8}, "tensor_parallel": {"size": 4}, "batch": {"global_batch": 64},
+             "model": {"num_layers": 8, "hidden_size": 4096, "num_heads": 32, "ffn_hidden_size": 16384,
+                       "vocab_size": 32000}}
+    by_file = plan_config_from_dict({**knobs, "cluster": {**dataclasses.asdict(cluster), "num_gpus": 64},
+                                     "efficiency": dataclasses.asdict(eff)})
+    hand = dict(yaml.safe_load(BASE.read_text())["cluster"], num_gpus=64,
+                intra_node_bw_GBps=round(fits["intra_node"].bw_GBps, 4),
+                intra_node_latency_us=round(fits["intra_node"].latency_us, 3),
+                inter_node_bw_GBps=round(fits["inter_node"].bw_GBps, 4),
+                inter_node_latency_us=round(fits["inter_node"].latency_us, 3))
+    by_hand = plan_config_from_dict({**knobs, "cluster": hand, "efficiency": {
+        **yaml.safe_load(BASE.read_text()).get("efficiency", {}), "tp_bw_eff": 1.0, "pp_bw_eff": 1.0,
+        "dp_bw_eff": 1.0}})
+    a, b = predict(by_file), predict(by_hand)
+    assert math.isclose(a.step_time_s, b.step_time_s, rel_tol=1e-12) and a.step_time_s > 0
