@@ -13,6 +13,7 @@ import logging
 from typing import Any, Callable, Mapping, Sequence
 
 from orchestrator import planner as pl
+from orchestrator.plan import sources as S
 from orchestrator.backends.base import Judgement, RunOutcome, SpaceConfigs, within_budget
 from orchestrator.search.space import Space, params_for
 from trainer.config import flatten
@@ -23,7 +24,8 @@ log = logging.getLogger(__name__)
 class PlannerConfigs(SpaceConfigs):
     """Planner configs: planner section + baseline params + a trial's params."""
 
-    def __init__(self, planner: dict, baseline: dict):
+    def __init__(self, planner: dict, baseline: dict, base_dir=None):
+        planner, self.sources = S.resolve(planner, base_dir)
         try:
             self.base = pl.plan_config_from_dict(planner)
         except ValueError as e:
@@ -55,14 +57,17 @@ class ModelRunner:
     slots, builds = 1, 0
     where = "the planner (predictions, not measurements)"
 
-    def __init__(self) -> None:
+    def __init__(self, sources: S.Sources | None = None) -> None:
         self._done: list[tuple[int, RunOutcome]] = []
+        self.sources = sources
 
     def submit(self, slot: int, cfg: Any) -> None:
         t0 = time.perf_counter()
         try:
             oom, why = pl.predicts_oom(cfg)
             prediction = pl.predict(cfg).to_dict()
+            if self.sources is not None:  # which parts are measured travels with every prediction
+                prediction["sources"] = {"network": self.sources.network, "compute": self.sources.compute}
             out = RunOutcome("oom" if oom else "ok", f"predicted: {why}" if oom else None, prediction=prediction)
         except ValueError as e:
             out = RunOutcome("failed", f"planner: {e}")
@@ -91,13 +96,15 @@ class PlannerPredictions:
         if cfg.prefilter:
             raise ValueError("prefilter: only real (ray) sweeps are pre-filtered; the model backend predicts anyway")
         self.cfg = cfg
-        self.configs = PlannerConfigs(cfg.planner, cfg.baseline)
+        from pathlib import Path
+
+        self.configs = PlannerConfigs(cfg.planner, cfg.baseline, Path(cfg.source).parent if cfg.source else None)
 
     def join(self) -> None:
         pass  # nothing to connect to
 
     def runner(self) -> ModelRunner:
-        return ModelRunner()
+        return ModelRunner(self.configs.sources)
 
     def reference_run(self, gate: Any, baseline: Any) -> None:
         return None  # no result to compare: parity is a property of measured runs

@@ -5,7 +5,9 @@ planned config, and each ``key=value`` changes it:
 
 * a knob (``data_parallel.overlap_grad_reduce=true``, ``batch.micro_batch_size=2``; see planner KNOBS) is
   applied on top of the baseline;
-* ``planner.<section>.<field>=value`` (``planner.efficiency.matmul_eff=0.85``) changes the planner section.
+* ``planner.<section>.<field>=value`` (``planner.efficiency.matmul_eff=0.85``) changes the planner section;
+  ``planner.cluster_file=FILE`` / ``planner.calibration_file=FILE`` bring in a measured cluster (``steptune
+  netcal``) or a fitted efficiency set (orchestrator/plan/sources.py).
 
 Values are read as YAML scalars (``true``, ``3``, ``0.5``, ``[mlp, norm]``). Out comes the prediction: the
 breakdown along the critical path, memory per pipeline stage, MFU with its peak basis, the band and which
@@ -92,6 +94,7 @@ def _split_overrides(items: list[str], planner: dict, known_planner: list[str]) 
 def plan(path: str | Path, overrides: list[str]) -> dict[str, Any]:
     """The prediction for the sweep file's baseline with ``overrides`` applied, as a JSON-able mapping."""
     from orchestrator import planner as pl
+    from orchestrator.plan.sources import FILE_KEYS, resolve
     from orchestrator.search.target import parse_target
 
     path = Path(path)
@@ -107,8 +110,10 @@ def plan(path: str | Path, overrides: list[str]) -> dict[str, Any]:
     defaults = pl.plan_config_to_dict(pl.PlanConfig(cluster=pl.ClusterSpec(num_gpus=1)))
     options = [f"planner.recompute.{f}" for f in ("kind", "method", "num_layers", "modules")] + [
         f"planner.pipeline.split.{f}" for f in ("kind", "first", "last")]
-    known = sorted(set(_flat(defaults, "planner")) | set(_flat(planner, "planner")) | set(options))
+    files = [f"planner.{k}" for k in FILE_KEYS]
+    known = sorted(set(_flat(defaults, "planner")) | set(_flat(planner, "planner")) | set(options) | set(files))
     knobs = _split_overrides(list(overrides), planner, known)
+    planner, sources = resolve(planner, path.parent)
     base_knobs = dict(raw.get("baseline") or {})
     try:
         base = pl.plan_config_from_dict(planner)
@@ -129,6 +134,7 @@ def plan(path: str | Path, overrides: list[str]) -> dict[str, Any]:
     return {
         "source": str(path), "overrides": list(overrides), "predicted": True,
         "efficiency_basis": cfg.efficiency.basis, "efficiency_note": cfg.efficiency.basis_note,
+        "sources": {"network": sources.network, "compute": sources.compute},
         "peak_tflops_per_gpu": cfg.cluster.peak_tflops, "num_gpus": cfg.cluster.num_gpus,
         "knobs": pl.knob_values(cfg), "baseline_step_time_s": base_pred.step_time_s,
         "target": target.describe(base_pred.step_time_s) if target else None, "target_s": target_s,
@@ -159,6 +165,7 @@ def render(out: Mapping[str, Any]) -> str:
              f"GPUs; micro_batch_size {k['batch.micro_batch_size']} ({p['microbatches']} microbatches), "
              f"{k['pipeline.schedule']}, recompute {k['recompute.kind']}, {_dp_text(k)}",
              f"efficiency set: {out['efficiency_basis']}" + (f" ({out['efficiency_note']})" if out["efficiency_note"] else ""),
+             f"network: {out['sources']['network']}",
              f"step time: ~{p['step_time_s']:.3f} s per update; band {p['step_time_low_s']:.3f}-"
              f"{p['step_time_high_s']:.3f} s ({p['band_basis']})",
              "breakdown (critical path, s): " + ", ".join(f"{n} {p[key]:.3f}" for n, key in _PARTS)

@@ -224,15 +224,17 @@ def fit(tables: list[Table]) -> dict[str, TierFit]:
 
 TIER_FIELDS = {"intra_node": ("intra_node_bw_GBps", "intra_node_latency_us"),
                "inter_node": ("inter_node_bw_GBps", "inter_node_latency_us")}
-BW_EFFICIENCIES = ("tp_bw_eff", "pp_bw_eff", "dp_bw_eff")
+BW_EFFICIENCY = {"intra_node_bw_GBps": ("tp_bw_eff",), "inter_node_bw_GBps": ("dp_bw_eff", "pp_bw_eff")}
+"""The planner's bandwidth efficiency that scales each tier (tensor parallelism stays in a node; data and
+pipeline parallelism span nodes): 1 once the tier is measured, as nccl-tests' bus bandwidth is achieved."""
 
 
 def cluster_file(base: dict, fits: dict[str, TierFit], when: str, command: str) -> dict:
     """``base`` (a cluster file's mapping) with the measured tiers written over it, and their provenance.
 
     nccl-tests' bus bandwidth is what the collectives achieved, so the bandwidth efficiencies of the tiers
-    measured become 1 (the planner multiplies them onto the cluster's bandwidth); a tier not measured keeps
-    the base file's values and is listed as a prior.
+    measured become 1 (``BW_EFFICIENCY``; the planner multiplies them onto the cluster's bandwidth); a tier
+    not measured keeps the base file's values and is listed as a prior.
     """
     cluster = dict(base.get("cluster") or {})
     efficiency = dict(base.get("efficiency") or {})
@@ -247,13 +249,12 @@ def cluster_file(base: dict, fits: dict[str, TierFit], when: str, command: str) 
                             "nodes": t.nodes, "ranks_per_node": t.ranks_per_node, "devices": list(t.devices),
                             "sizes_bytes": [min(sizes), max(sizes)], "points": len(t.points),
                             "fit_rel_rms": round(f.rel_rms, 4)})
-    if measured:
-        efficiency.update({k: 1.0 for k in BW_EFFICIENCIES})
+    efficiency.update({e: 1.0 for f in measured for e in BW_EFFICIENCY.get(f, ())})
     priors = [k for fields in TIER_FIELDS.values() for k in fields if k not in measured]
     return {"cluster": cluster, "efficiency": efficiency,
             "provenance": {"basis": "measured", "measured": measured, "priors": priors,
-                           "note": "bandwidth/latency fitted to nccl-tests output by steptune netcal; bandwidth "
-                                   "efficiencies set to 1 because bus bandwidth is already what was achieved",
+                           "note": "bandwidth/latency fitted to nccl-tests output by steptune netcal; the measured "
+                                   "tiers' bandwidth efficiencies are 1: bus bandwidth is what was achieved",
                            "date": when, "command": command, "sources": sources}}
 
 

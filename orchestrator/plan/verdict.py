@@ -57,7 +57,7 @@ def verdict(records: Iterable[TrialRecord], target_s: float | None) -> dict[str,
     pred = point.prediction or {}
     return {
         "target_s": target_s, "verdict": met, "efficiency_basis": basis, "efficiency_note": note,
-        "band_basis": pred.get("band_basis"),
+        "band_basis": pred.get("band_basis"), "sources": pred.get("sources"),
         "point_trial": point.trial, "point_s": point.metrics.step_time_s,
         "point_high_s": _high(point), "point_low_s": pred.get("step_time_low_s"),
         "robust_trial": robust.trial if robust else None, "robust_high_s": _high(robust) if robust else None,
@@ -72,6 +72,8 @@ def verdict_lines(v: Mapping[str, Any] | None) -> list[str]:
     out = [f"efficiency set: {v['efficiency_basis']}" + (f" ({v['efficiency_note']})" if v["efficiency_note"] else "")
            + (" - CALIBRATED to the timeline it answers about, not a prediction of it"
               if v["efficiency_basis"] == "calibrated" else "")]
+    if v.get("sources"):
+        out.append(f"network: {v['sources']['network']}")
     if v["point_high_s"] is None:
         return out + ["band: not recorded in this ledger (predicted before bands existed)"]
     out.append(f"band (trial {v['point_trial']}): ~{v['point_low_s']:.2f}-{v['point_high_s']:.2f} s "
