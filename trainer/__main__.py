@@ -1,7 +1,7 @@
 """``python -m trainer --config FILE.yaml [key=value ...] [--out result.json]``.
 
 Under torchrun (RANK/WORLD_SIZE set) this process is one rank of the world; otherwise it spawns
-parallel.pp x parallel.dp local ranks itself. Either way rank results are merged into one result JSON.
+tensor_parallel.size x parallel.pp x parallel.dp local ranks itself. Either way rank results are merged into one result JSON.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from trainer import layout
 from trainer.knobs import (RECOMPUTE_MODULES, BalancedSplit, BatchConfig, DataParallel,  # noqa: F401
                            ExplicitSplit, FirstLastSplit, FsdpDP, FullRecompute, NoRecompute, OpRecompute,
                            ParallelConfig, PipelineConfig, Recompute, ReplicateDP, SelectiveRecompute, Split,
-                           TorchDDP)
+                           TensorParallel, TorchDDP)
 from trainer.mapping import apply_overrides, build, dump, flatten, parse_dotlist  # noqa: F401 (re-exported)
 
 
@@ -150,6 +150,8 @@ class TrainConfig:
     """Global batch (fixed) and microbatch size (a knob)."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     """Pipeline and data-parallel sizes."""
+    tensor_parallel: TensorParallel = field(default_factory=TensorParallel)
+    """Tensor (and sequence) parallelism: the innermost mesh dimension."""
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     """Pipeline schedule, virtual stages and layer split."""
     data_parallel: DataParallel = field(default_factory=ReplicateDP)
@@ -181,14 +183,36 @@ class TrainConfig:
                 "schedules fails (GPipe, Interleaved1F1B) or leaves replicas silently divergent (static_graph); "
                 "use data_parallel.kind=replicate (bucketed all-reduce, overlap supported) or fsdp"
             )
+        self._check_tensor_parallel()
         if isinstance(self.data_parallel, FsdpDP) and self.data_parallel.prefetch and pp > 1 and v > 1:
             # Explicit prefetch chains blocks within one module; interleaved chunks on a rank run out of order.
             raise ValueError("data_parallel.prefetch must be 0 with pipeline.virtual_stages > 1")
 
+    def _check_tensor_parallel(self) -> None:
+        tpc, m = self.tensor_parallel, self.model
+        tp = tpc.size
+        if tp == 1:
+            return
+        # Each rank holds whole heads, a slice of the MLP and a slice of the vocabulary (embedding rows, head
+        # columns): Megatron's rules, since a head or a vocabulary entry split over ranks has no local meaning.
+        for name, value in (("model.n_heads", m.n_heads), ("model.d_ff", m.ffn_dim), ("model.vocab_size", m.vocab_size)):
+            if value % tp:  # model.d_ff = 0 (4 x d_model) always divides: tp | n_heads | d_model
+                raise ValueError(f"{name}: {value} is not divisible by tensor_parallel.size={tp}")
+        if tpc.sequence_parallel and m.seq_len % tp:
+            raise ValueError(f"model.seq_len: {m.seq_len} is not divisible by tensor_parallel.size={tp}, which "
+                             f"tensor_parallel.sequence_parallel splits it over")
+        if isinstance(self.data_parallel, TorchDDP):
+            raise ValueError("data_parallel.kind: torch_ddp cannot be combined with tensor_parallel.size > 1 (torch DDP "
+                             "does not reduce DTensor gradient shards); use replicate or fsdp")
+        if tpc.comm_overlap:
+            raise ValueError(f"tensor_parallel.comm_overlap: torch's asynchronous TP needs CUDA symmetric memory and "
+                             f"torch.compile's micro-pipeline pass; the trainer runs eager (run.device="
+                             f"{self.run.device}): set it to false")
+
     # Derived quantities, computed from the validated fields.
     @property
     def world_size(self) -> int:
-        return self.parallel.pp * self.parallel.dp
+        return self.tensor_parallel.size * self.parallel.pp * self.parallel.dp
 
     @property
     def n_microbatches(self) -> int:

@@ -1,6 +1,7 @@
 """The tuning knobs, defined once: the trainer runs them, the planner predicts them, the export writes them.
 
-Batch, parallel degrees, pipeline (schedule, virtual stages, layer split), recompute and data parallelism.
+Batch, parallel degrees, tensor parallelism, pipeline (schedule, virtual stages, layer split), recompute and data
+parallelism.
 One meaning and one unit per field name, whoever reads it (``docs/knobs.md`` maps each onto the planner and
 onto Megatron-LM flags). Mutually exclusive options are separate types chosen by a ``kind:`` key. Every
 error is a ValueError that starts with the dotted knob name (``recompute.num_layers: ...``): the sections
@@ -51,11 +52,35 @@ class ParallelConfig:
     pp: int = 1
     """Pipeline-parallel ranks: consecutive layers form stages, one rank per stage (times virtual_stages)."""
     dp: int = 1
-    """Data-parallel replicas at each pipeline position. The trainer's world size is pp x dp; the planner's
-    GPU count is tensor_parallel.size x pp x dp."""
+    """Data-parallel replicas at each pipeline position. The world size (trainer ranks, planner GPUs) is
+    tensor_parallel.size x pp x dp."""
 
     def __post_init__(self) -> None:
         _check_ints(self, "parallel", ("pp", "dp"))
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """Megatron tensor parallelism: each layer's GEMMs split over ``size`` adjacent ranks (torch's DTensor
+    tensor-parallel API in the trainer; the planner's meaning and unit). World = size x parallel.pp x
+    parallel.dp, tensor-parallel ranks innermost."""
+    size: int = 1
+    """Tensor-parallel size (Megatron's --tensor-model-parallel-size); best kept inside a node."""
+    sequence_parallel: bool = True
+    """Megatron sequence parallelism (Korthikanti et al. 2022): LayerNorm/dropout activations and pipeline
+    sends are split over the tensor-parallel group instead of replicated. A no-op at size 1."""
+    comm_overlap: bool = False
+    """Megatron's --tp-comm-overlap: each layer's all-gathers and reduce-scatters run pipelined with the
+    GEMMs next to them. Needs sequence_parallel; a no-op at size 1. The trainer runs it only where torch's
+    asynchronous TP exists (CUDA) and refuses it elsewhere."""
+
+    def __post_init__(self) -> None:
+        _check_ints(self, "tensor_parallel", ("size",))
+        _check_bool("tensor_parallel.sequence_parallel", self.sequence_parallel)
+        _check_bool("tensor_parallel.comm_overlap", self.comm_overlap)
+        if self.comm_overlap and self.size > 1 and not self.sequence_parallel:
+            raise ValueError("tensor_parallel.comm_overlap: needs tensor_parallel.sequence_parallel (Megatron overlaps "
+                             "the sequence-parallel all-gathers and reduce-scatters only); turn it on or drop the overlap")
 
 
 # ---- pipeline --------------------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ def spawn_many(cfgs: list[TrainConfig], setup: Callable[[], None] | None = None,
 
     world = cfgs[0].world_size
     if any(c.world_size != world for c in cfgs):
-        raise ValueError("spawn_many: every config must have the same parallel.pp x parallel.dp")
+        raise ValueError("spawn_many: every config must have the same tensor_parallel.size x parallel.pp x parallel.dp")
     # Ranks fork from a server that imported torch and the trainer once (per launching process), instead of
     # each rank importing them afresh (~2 s of CPU per rank); the server holds no threads or process group.
     multiprocessing.set_forkserver_preload(["trainer.run"])

@@ -9,13 +9,27 @@ from __future__ import annotations
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
 
-def check_world_size(pp: int, dp: int, world_size: int) -> None:
+MESH_DIMS = ("pp", "dp", "tp")
+"""The trainer's one DeviceMesh, outermost first: tensor-parallel ranks are adjacent (Megatron's order)."""
+
+
+def check_world_size(tp: int, pp: int, dp: int, world_size: int) -> None:
     """The one check that the parallel degrees multiply to the world size."""
-    if pp * dp != world_size:
+    if tp * pp * dp != world_size:
+        rest = world_size // (tp * pp) if world_size % (tp * pp) == 0 else "?"
         raise ValueError(
-            f"parallel.pp x parallel.dp = {pp} x {dp} = {pp * dp} but the world size is {world_size}: "
-            f"set parallel.dp = {world_size // pp if world_size % pp == 0 else '?'} or launch {pp * dp} ranks"
+            f"tensor_parallel.size x parallel.pp x parallel.dp = {tp} x {pp} x {dp} = {tp * pp * dp} but the world "
+            f"size is {world_size}: set parallel.dp = {rest} or launch {tp * pp * dp} ranks"
         )
+
+
+def rank_coords(rank: int, tp: int, pp: int, dp: int) -> tuple[int, int, int]:
+    """(pp_rank, dp_rank, tp_rank) of a global rank: rank = (pp_rank x dp + dp_rank) x tp + tp_rank."""
+    if not 0 <= rank < tp * pp * dp:
+        raise ValueError(f"rank {rank} is outside a world of {tp} x {pp} x {dp}")
+    rest, tp_rank = divmod(rank, tp)
+    pp_rank, dp_rank = divmod(rest, dp)
+    return pp_rank, dp_rank, tp_rank
 
 
 def num_microbatches(global_batch: int, micro_batch_size: int, dp: int) -> int:

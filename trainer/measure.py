@@ -19,6 +19,7 @@ except ImportError:  # the GPU tier runs on a machine's own torch, without the p
     nvtx = None
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from trainer.config import FullRecompute, ModelConfig, OpRecompute, SelectiveRecompute, TrainConfig
 from trainer.layout import recompute_groups
@@ -121,7 +122,7 @@ class SavedActivations:
         # Weights (and views of them, like the transpose a Linear saves) are parameters, not activations.
         if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter) or t.device.type == "meta":
             return t
-        storage = t.untyped_storage()
+        storage = local_storage(t)
         key = storage.data_ptr()
         entry = self._refs.get(key)
         if entry is None:
@@ -144,6 +145,12 @@ class SavedActivations:
         if entry[0] == 0:
             self.live -= entry[1]
             del self._refs[key]
+
+
+def local_storage(t: torch.Tensor):
+    """The storage holding this rank's bytes of ``t``: a DTensor (tensor parallelism) is a wrapper whose own
+    storage is empty; its local shard is what occupies memory."""
+    return (t._local_tensor if isinstance(t, DTensor) else t).untyped_storage()
 
 
 class _Held:

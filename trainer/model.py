@@ -31,7 +31,7 @@ def _maybe_checkpoint(enabled: bool, fn: Callable, *args: torch.Tensor) -> torch
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.n_heads = cfg.n_heads
+        self.head_dim = cfg.d_model // cfg.n_heads
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.recompute_core = False
@@ -41,10 +41,12 @@ class Attention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, c // self.n_heads).permute(2, 0, 3, 1, 4)
+        b, t, _ = x.shape
+        # Heads are counted from the projection's output width, not the config: a tensor-parallel rank's qkv
+        # yields only its own heads (q, k, v of each, in that order), and the same code runs them.
+        q, k, v = self.qkv(x).view(b, t, 3, -1, self.head_dim).permute(2, 0, 3, 1, 4)
         y = _maybe_checkpoint(self.recompute_core, self.core, q, k, v)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return self.proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
 class MLP(nn.Module):

@@ -19,6 +19,7 @@ import contextvars
 from typing import Callable, Iterator, Protocol
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from trainer.knobs import OpRecompute
@@ -73,7 +74,8 @@ class LayerPolicy:
     def _count(self, out: object) -> None:
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
-                storage = t.untyped_storage()
+                # A DTensor (tensor parallelism) holds its bytes in its local shard.
+                storage = (t._local_tensor if isinstance(t, DTensor) else t).untyped_storage()
                 if storage.data_ptr() not in self._storages:
                     self._storages.add(storage.data_ptr())
                     self.kept_bytes += storage.nbytes()

@@ -1,4 +1,9 @@
-"""Apply the layout to the model: recompute, then data-parallel wrapping, then pipeline stages."""
+"""Apply the layout to the model: tensor parallelism, recompute, data-parallel wrapping, pipeline stages.
+
+The order is torchtitan's: TP first (it replaces parameters with DTensor shards), then activation
+checkpointing (which must see the TP hooks it reruns), then FSDP2 or the bucketed reducer (which work on
+whatever parameters exist by then), and the pipeline stages last, around the finished chunks.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +12,32 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from trainer.config import (FsdpDP, FullRecompute, OpRecompute, ReplicateDP, SelectiveRecompute, TorchDDP,
                             TrainConfig)
 from trainer.grad_sync import GradReducer
 from trainer.layout import recompute_groups, stage_ids_for_rank
 from trainer.model import GPT
+from trainer.tensor_parallel import apply_tp
 
 
 @dataclass
 class Groups:
-    """This rank's place in the pp x dp grid (rank = pp_rank * dp + dp_rank) and its process groups."""
+    """This rank's place in the pp x dp x tp mesh (rank = (pp_rank x dp + dp_rank) x tp + tp_rank) and its groups."""
     pp_rank: int
     dp_rank: int
     pp_group: dist.ProcessGroup | None
     dp_group: dist.ProcessGroup | None
+    tp_rank: int = 0
+    tp_group: dist.ProcessGroup | None = None
+    mesh: DeviceMesh | None = None
+    """The one DeviceMesh, dims ``trainer.layout.MESH_DIMS``; sub-meshes are slices of it."""
+
+    @property
+    def coords(self) -> dict[str, int]:
+        """Coordinates along the dimensions parameters may be replicated over."""
+        return {"dp": self.dp_rank, "tp": self.tp_rank}
 
 
 @dataclass
@@ -60,11 +76,11 @@ def apply_recompute(chunk: GPT, cfg: TrainConfig) -> None:
             block.set_op_recompute(rc)
 
 
-def apply_fsdp(chunk: GPT, dp_group: dist.ProcessGroup, dp_cfg: FsdpDP, device: torch.device) -> None:
-    from torch.distributed.device_mesh import DeviceMesh
+def apply_fsdp(chunk: GPT, mesh: DeviceMesh, dp_cfg: FsdpDP) -> None:
+    """FSDP2 over the mesh's dp dimension; TP-sharded parameters become 2-D (dp, tp) shards."""
     from torch.distributed.fsdp import fully_shard
 
-    mesh = DeviceMesh.from_group(dp_group, device.type, mesh_dim_names=("dp",))
+    mesh = mesh["dp"]
     blocks = list(chunk.layers.values())
     for block in blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=dp_cfg.reshard_after_forward)
@@ -81,6 +97,9 @@ def apply_fsdp(chunk: GPT, dp_group: dist.ProcessGroup, dp_cfg: FsdpDP, device: 
 
 def parallelize(cfg: TrainConfig, groups: Groups, device: torch.device, loss_fn) -> Parallelized:
     chunks, stage_ids = build_chunks(cfg, groups.pp_rank, device)
+    if cfg.tensor_parallel.size > 1:
+        for chunk in chunks:
+            apply_tp(chunk, groups.mesh["tp"], cfg.tensor_parallel.sequence_parallel)
     for chunk in chunks:
         apply_recompute(chunk, cfg)
 
@@ -91,7 +110,7 @@ def parallelize(cfg: TrainConfig, groups: Groups, device: torch.device, loss_fn)
                                   overlap=dpc.overlap_grad_reduce, n_microbatches=cfg.n_microbatches, device=device)
         elif isinstance(dpc, FsdpDP):
             for chunk in chunks:
-                apply_fsdp(chunk, groups.dp_group, dpc, device)
+                apply_fsdp(chunk, groups.mesh, dpc)
         elif isinstance(dpc, TorchDDP):
             from torch.nn.parallel import DistributedDataParallel
 

@@ -12,7 +12,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-PHASES = ("forward", "backward", "optimizer", "dp_comm_wait", "pipeline_idle")
+PHASES = ("forward", "backward", "optimizer", "dp_comm_wait", "pipeline_idle", "tp_comm")
+NESTED_PHASES = ("tp_comm",)
+"""Phases measured inside others: tp_comm (the tensor-parallel collectives, each waited for where issued) is
+part of forward, backward (and the optimizer phase's gradient finish); never add it to them."""
 
 
 @dataclass
@@ -54,13 +57,17 @@ class RankResult:
     spans: list[Span]
     memory: dict[str, int]
     fingerprint: dict[str, list[float]]
-    """Canonical parameter name -> [sum of squares, sum, is_shard] of the final parameters this rank holds
-    (whole tensors, or its FSDP shard); ``merge_fingerprints`` folds them into [L2 norm, sum] per name."""
+    """Canonical parameter name -> [sum of squares, sum, is_shard] of the final parameters this rank holds.
+    is_shard 1: a piece this rank alone counts (a TP or FSDP shard, or a replicated tensor on the first rank
+    holding it), added up over ranks; 0 (older results): a whole tensor, taken from dp_rank 0.
+    ``merge_fingerprints`` folds them into [L2 norm, sum] per name."""
     replica_max_abs_diff: float
     """Largest |difference| of a parameter element between this rank's dp group members at the end."""
     peak_flops: float | None
     peak_basis: str
     trace_file: str | None = None
+    tp_rank: int = 0
+    """Position in the tensor-parallel group (rank = (pp_rank x dp + dp_rank) x tp + tp_rank)."""
     """The torch.profiler trace of ``run.profile_step`` this rank wrote (a path on its node), if any."""
 
 

@@ -1,8 +1,8 @@
 """One measured training run on a torch.distributed world, as one rank.
 
 ``run`` does not assume it owns the process: it joins the world described by torchrun's variables only
-if none exists (and then leaves it again), builds and destroys its own pipeline/data-parallel groups,
-resets peak-memory statistics and removes every hook it installs, so a long-lived worker can run many
+if none exists (and then leaves it again), builds its (pp, dp, tp) mesh once per shape and world (see
+``mesh_groups``), resets peak-memory statistics and removes every hook it installs, so a long-lived worker can run many
 configs in a row.
 """
 
@@ -24,7 +24,8 @@ from trainer.measure import (PhaseClock, SavedActivations, model_flops_per_token
                              process_peak_rss_bytes, recompute_flops_per_token, sync)
 from trainer.parallelize import Groups, Parallelized, parallelize
 from trainer.profile import StepProfiler
-from trainer.result import RankResult, Result, Span, StepRecord, merge
+from trainer.result import NESTED_PHASES, RankResult, Result, Span, StepRecord, merge
+from trainer.tensor_parallel import finish_grads, local, owned, tp_comm_clock
 
 
 class NonFiniteLoss(RuntimeError):
@@ -50,21 +51,44 @@ def init_world(device: str = "cpu", timeout_s: float = 300.0) -> None:
     dist.init_process_group("nccl" if device == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s))
 
 
-def make_groups(pp: int, dp: int, timeout_s: float) -> Groups:
-    """Every rank creates every group, in the same order, as torch.distributed requires."""
+def make_groups(tp: int, pp: int, dp: int, device_type: str, timeout_s: float) -> Groups:
+    """The (pp, dp, tp) DeviceMesh over this world, on groups this run creates and later destroys.
+
+    Every rank creates every group, in the same order, as torch.distributed requires; the groups carry
+    the run's collective timeout (DeviceMesh's own would take torch's default).
+    """
     rank = dist.get_rank()
     timeout = timedelta(seconds=timeout_s)
-    pp_rank, dp_rank = divmod(rank, dp)
-    pp_group = dp_group = None
-    for d in range(dp):
-        g = dist.new_group([p * dp + d for p in range(pp)], timeout=timeout)
-        if d == dp_rank:
-            pp_group = g
-    for p in range(pp):
-        g = dist.new_group([p * dp + d for d in range(dp)], timeout=timeout)
-        if p == pp_rank:
-            dp_group = g
-    return Groups(pp_rank, dp_rank, pp_group, dp_group)
+    grid = torch.arange(tp * pp * dp).view(pp, dp, tp)
+    mine = []
+    for dim in range(3):
+        lines = grid.movedim(dim, -1).reshape(-1, grid.shape[dim])
+        for line in lines.tolist():
+            g = dist.new_group(line, timeout=timeout)
+            if rank in line:
+                mine.append(g)
+    from torch.distributed.device_mesh import DeviceMesh
+
+    mesh = DeviceMesh.from_group(mine, device_type, mesh=grid, mesh_dim_names=layout.MESH_DIMS)
+    pp_rank, dp_rank, tp_rank = layout.rank_coords(rank, tp, pp, dp)
+    return Groups(pp_rank, dp_rank, mine[0], mine[1], tp_rank, mine[2], mesh)
+
+
+_MESHES: dict[tuple, tuple[object, Groups]] = {}
+
+
+def mesh_groups(tp: int, pp: int, dp: int, device_type: str, timeout_s: float) -> Groups:
+    """The mesh of this shape in this world, made once and kept while the world lives.
+
+    Not destroyed after a run, unlike plain groups would be: DTensor caches sharding decisions keyed by
+    meshes that compare equal by shape and names alone, so a later run's new mesh would be answered with
+    a destroyed one's groups. One mesh per shape keeps every cached answer valid.
+    """
+    key = (device_type, tp, pp, dp)
+    world = dist.group.WORLD
+    if key not in _MESHES or _MESHES[key][0] is not world:
+        _MESHES[key] = (world, make_groups(tp, pp, dp, device_type, timeout_s))
+    return _MESHES[key][1]
 
 
 def run(cfg: TrainConfig, trace_dir: str | os.PathLike | None = None) -> RankResult:
@@ -72,17 +96,13 @@ def run(cfg: TrainConfig, trace_dir: str | os.PathLike | None = None) -> RankRes
     owns_world = not dist.is_initialized()
     init_world(cfg.run.device, cfg.run.timeout_s)
     try:
-        layout.check_world_size(cfg.parallel.pp, cfg.parallel.dp, dist.get_world_size())
+        tp, pp, dp = cfg.tensor_parallel.size, cfg.parallel.pp, cfg.parallel.dp
+        layout.check_world_size(tp, pp, dp, dist.get_world_size())
         torch.set_num_threads(cfg.run.threads_per_rank)
-        groups = make_groups(cfg.parallel.pp, cfg.parallel.dp, cfg.run.timeout_s)
-        try:
-            return _train(cfg, groups, trace_dir)
-        finally:
-            for g in {groups.pp_group, groups.dp_group}:
-                if g is not None:
-                    dist.destroy_process_group(g)
+        return _train(cfg, mesh_groups(tp, pp, dp, device_for(cfg.run.device).type, cfg.run.timeout_s), trace_dir)
     finally:
         if owns_world:
+            _MESHES.clear()
             dist.destroy_process_group()
 
 
@@ -106,6 +126,9 @@ def _train(cfg: TrainConfig, groups: Groups, trace_dir: str | os.PathLike | None
     clock = PhaseClock(device, set(measured[:cfg.run.timeline_steps]))
     acts = SavedActivations()
     restore = _instrument(par, clock)
+    tp_timing = contextlib.ExitStack()
+    if cfg.tensor_parallel.size > 1:
+        tp_timing.enter_context(tp_comm_clock(clock))
     holds_last = (cfg.n_stages - 1) in par.stage_ids
     profiler = StepProfiler(cfg.run.profile_step, device, dist.get_rank(), trace_dir)
     # No autocast weight-cast cache: with FSDP2 resharding between microbatches a cached bf16 copy outlives
@@ -137,6 +160,7 @@ def _train(cfg: TrainConfig, groups: Groups, trace_dir: str | os.PathLike | None
                         clock.add("dp_reduce", launch - t0, done - t0)
                     reduce_gaps.append((step, par.reducer.first_launch - t0 - clock.marks[step]["backward_end"]))
                 with clock.phase("optimizer"):
+                    finish_grads(params)
                     loss, norm = _global_loss_and_norm(par, cfg, groups, replica_loss, holds_last, device)
                     if not (math.isfinite(loss) and math.isfinite(norm)):
                         raise NonFiniteLoss(f"step {step}: loss={loss} grad_norm={norm}")
@@ -155,6 +179,7 @@ def _train(cfg: TrainConfig, groups: Groups, trace_dir: str | os.PathLike | None
         result.trace_file = profiler.trace_file
         return result
     finally:
+        tp_timing.close()
         restore()
         if par.reducer is not None:
             par.reducer.remove()
@@ -180,17 +205,22 @@ def _set_lr(opt: torch.optim.Optimizer, cfg: TrainConfig, step: int) -> None:
 def _pipeline_step(par: Parallelized, clock: PhaseClock, x, y, holds_last: bool) -> torch.Tensor | None:
     losses: list[torch.Tensor] = []
     start = clock.now()
-    before = sum(clock.totals[clock.step].values())
+    before = _busy(clock)
     args = (x,) if 0 in par.stage_ids else ()
     kwargs = {"target": y, "losses": losses} if holds_last else {}
     par.schedule.step(*args, **kwargs)
     sync(clock.device)
     end = clock.now()
-    busy = sum(clock.totals[clock.step].values()) - before
+    busy = _busy(clock) - before
     clock.totals[clock.step]["pipeline_idle"] += max(0.0, (end - start) - busy)
     if clock.step in clock.keep:
         _idle_spans(clock, start, end)
     return torch.stack([loss.detach().float() for loss in losses]).sum() if holds_last else None
+
+
+def _busy(clock: PhaseClock) -> float:
+    """Seconds of this step's top-level phases (nested ones, like tp_comm inside forward, are in them already)."""
+    return sum(v for k, v in clock.totals[clock.step].items() if k not in NESTED_PHASES)
 
 
 def _idle_spans(clock: PhaseClock, start: float, end: float) -> None:
@@ -251,21 +281,18 @@ def _instrument(par: Parallelized, clock: PhaseClock):
     return restore
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def _global_loss_and_norm(par, cfg, groups, replica_loss, holds_last, device) -> tuple[float, float]:
-    sharded = isinstance(cfg.data_parallel, FsdpDP) and cfg.parallel.dp > 1
-    count_grads = sharded or groups.dp_rank == 0
+    """The all-reduced loss and the whole model's gradient L2 norm: every element counted exactly once
+    (sharded pieces on every rank, replicated ones on coordinate 0 of the dims they are replicated over)."""
     sq = torch.zeros((), device=device, dtype=torch.float64)
-    if count_grads:
-        for c in par.chunks:
-            for p in c.parameters():
-                if p.grad is not None:
-                    sq += _local(p.grad).double().pow(2).sum()
+    for c in par.chunks:
+        for p in c.parameters():
+            if p.grad is not None and owned(p, groups.coords):
+                sq += local(p.grad).double().pow(2).sum()
     vec = torch.stack([
-        replica_loss.double() / cfg.parallel.dp if holds_last else torch.zeros((), device=device, dtype=torch.float64),
+        # Every TP rank of the last stage holds the same loss: count one.
+        replica_loss.double() / cfg.parallel.dp if holds_last and groups.tp_rank == 0
+        else torch.zeros((), device=device, dtype=torch.float64),
         sq,
     ])
     dist.all_reduce(vec)
@@ -282,9 +309,12 @@ def _rank_result(cfg, groups, par, opt, clock, measured, records, act_peak, redu
     with torch.no_grad():
         for c in par.chunks:
             for name, p in c.named_parameters():
-                t = _local(p.detach()).double()
-                fingerprint[_canonical(name)] = [float(t.pow(2).sum()), float(t.sum()), float(sharded)]
-                flat.append(_local(p.detach()).reshape(-1))
+                t = local(p.detach())
+                # Only the pieces this rank owns, each a partial sum (flag 1) that merge adds up: the whole
+                # tensor's norm and sum, whatever the TP/FSDP split.
+                if owned(p, groups.coords):
+                    fingerprint[_canonical(name)] = [float(t.double().pow(2).sum()), float(t.double().sum()), 1.0]
+                flat.append(t.reshape(-1))
         replica_diff = 0.0
         if cfg.parallel.dp > 1 and not sharded:
             vec = torch.cat(flat).float()
@@ -292,10 +322,10 @@ def _rank_result(cfg, groups, par, opt, clock, measured, records, act_peak, redu
             dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=groups.dp_group)
             dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=groups.dp_group)
             replica_diff = float((hi - lo).abs().max())
-    param_bytes = sum(_local(p).numel() * p.element_size() for c in par.chunks for p in c.parameters())
-    grad_bytes = sum(_local(p.grad).numel() * p.grad.element_size()
+    param_bytes = sum(local(p).numel() * p.element_size() for c in par.chunks for p in c.parameters())
+    grad_bytes = sum(local(p.grad).numel() * p.grad.element_size()
                      for c in par.chunks for p in c.parameters() if p.grad is not None)
-    opt_bytes = sum(_local(v).numel() * v.element_size() for st in opt.state.values() for v in st.values()
+    opt_bytes = sum(local(v).numel() * v.element_size() for st in opt.state.values() for v in st.values()
                     if torch.is_tensor(v))
     memory = {"param_bytes": param_bytes, "grad_bytes": grad_bytes, "optimizer_state_bytes": opt_bytes,
               "saved_activation_peak_bytes": act_peak, "process_peak_rss_bytes": process_peak_rss_bytes()}
@@ -308,7 +338,8 @@ def _rank_result(cfg, groups, par, opt, clock, measured, records, act_peak, redu
     peak, basis = peak_flops(device, cfg.run.precision)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return RankResult(
-        rank=dist.get_rank(), pp_rank=groups.pp_rank, dp_rank=groups.dp_rank, stage_ids=par.stage_ids,
+        rank=dist.get_rank(), pp_rank=groups.pp_rank, dp_rank=groups.dp_rank, tp_rank=groups.tp_rank,
+        stage_ids=par.stage_ids,
         layer_ids=[int(k) for c in par.chunks for k in getattr(c, "module", c).layers],
         device_name=name, steps=records, phase_s=clock.medians(measured),
         reduce_start_after_backward_s=gaps[len(gaps) // 2] if gaps else None,

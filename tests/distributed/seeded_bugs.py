@@ -106,6 +106,40 @@ def bug_recompute_replays_perturbed_input():
     model._maybe_checkpoint = maybe_checkpoint
 
 
+def bug_tp_row_parallel_output_not_reduced():
+    """Row-parallel linears (attention and MLP output projections) hand on each rank's partial sum as if it
+    were the all-reduced output: Megatron's missing reduce in RowParallelLinear."""
+    from torch import nn
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    orig = RowwiseParallel._prepare_output_fn
+
+    def prepare_output(output_layouts, use_local_output, mod, outputs, device_mesh):
+        if not isinstance(mod, nn.Linear):  # the vocabulary-parallel embedding stays right
+            return orig(output_layouts, use_local_output, mod, outputs, device_mesh)
+        outputs = DTensor.from_local(outputs.to_local(), device_mesh, output_layouts, run_check=False)
+        return outputs.to_local() if use_local_output else outputs
+    RowwiseParallel._prepare_output_fn = staticmethod(prepare_output)
+
+
+def bug_sp_norm_grads_not_reduced():
+    """Sequence-parallel norm weights keep each rank's gradient over its own tokens (no all-reduce over TP):
+    Megatron's allreduce_layernorm_grads left out."""
+    import trainer.run as run
+    from torch.distributed.tensor import DTensor
+
+    orig = run.finish_grads
+
+    def finish(params):
+        for p in params:
+            g = p.grad
+            if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
+                p.grad = DTensor.from_local(g.to_local(), g.device_mesh, p.placements, run_check=False)
+        orig(params)
+    run.finish_grads = finish
+
+
 # (bug, layout overrides, first failing step it must be caught at, metric that catches it)
 BUGS = [
     (bug_loss_not_divided_by_microbatches, {"parallel.pp": 2}, 0, "loss"),
@@ -117,4 +151,7 @@ BUGS = [
                            "data_parallel.overlap_grad_reduce": False}, 1, "loss"),
     (bug_skip_dp_sync_on_stage1, {"parallel.pp": 2, "parallel.dp": 2, "batch.micro_batch_size": 1}, 0, "grad_norm"),
     (bug_recompute_replays_perturbed_input, {"parallel.pp": 2, "recompute.kind": "full"}, 0, "grad_norm"),
+    (bug_tp_row_parallel_output_not_reduced, {"tensor_parallel.size": 2, "tensor_parallel.sequence_parallel": False},
+     0, "loss"),
+    (bug_sp_norm_grads_not_reduced, {"tensor_parallel.size": 2}, 2, "loss"),  # Adam turns the skew into steps
 ]

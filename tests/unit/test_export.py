@@ -189,6 +189,10 @@ CARRIED = {
     "run.device": "run.device", "run.seed": "--seed", "run.threads_per_rank": "run.threads_per_rank",
     "run.timeline_steps": "run.timeline_steps",
     "run.profile_step": "run.profile_step", "run.timeout_s": "--distributed-timeout-minutes",
+    # At size 1 sequence parallelism and its overlap are no-ops: the TP size flag is then their whole mapping.
+    "tensor_parallel.size": "--tensor-model-parallel-size",
+    "tensor_parallel.sequence_parallel": ("--sequence-parallel", "--tensor-model-parallel-size"),
+    "tensor_parallel.comm_overlap": ("--tp-comm-overlap", "--tensor-model-parallel-size"),
 }
 
 

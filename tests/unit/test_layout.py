@@ -74,9 +74,29 @@ def test_gpipe_accepts_fewer_microbatches_than_stages():
 
 
 def test_world_size_check():
-    layout.check_world_size(2, 2, 4)
-    with pytest.raises(ValueError, match=r"parallel\.pp x parallel\.dp"):
-        layout.check_world_size(2, 2, 2)
+    layout.check_world_size(1, 2, 2, 4)
+    layout.check_world_size(2, 2, 2, 8)
+    with pytest.raises(ValueError, match=r"tensor_parallel\.size x parallel\.pp x parallel\.dp = 2 x 2 x 1 = 4"):
+        layout.check_world_size(2, 2, 1, 2)
+
+
+@pytest.mark.parametrize("tp,pp,dp", [(1, 1, 1), (2, 1, 1), (2, 2, 1), (2, 1, 2), (1, 2, 2), (2, 2, 2), (4, 2, 3)])
+def test_rank_coords_put_tensor_parallel_ranks_adjacent(tp, pp, dp):
+    """Megatron's order: rank = (pp_rank x dp + dp_rank) x tp + tp_rank; every coordinate exactly once."""
+    world = tp * pp * dp
+    coords = [layout.rank_coords(r, tp, pp, dp) for r in range(world)]
+    assert sorted(coords) == [(p, d, t) for p in range(pp) for d in range(dp) for t in range(tp)]
+    for r, (p, d, t) in enumerate(coords):
+        assert r == (p * dp + d) * tp + t
+    # A TP group is a run of adjacent ranks; a DP group strides by tp; a PP group by dp x tp.
+    assert [layout.rank_coords(r, tp, pp, dp)[2] for r in range(tp)] == list(range(tp))
+
+
+def test_rank_coords_examples():
+    assert layout.rank_coords(5, tp=2, pp=2, dp=2) == (1, 0, 1)
+    assert layout.rank_coords(3, tp=1, pp=2, dp=2) == (1, 1, 0)  # tp = 1: the pp x dp order of before
+    with pytest.raises(ValueError, match="outside"):
+        layout.rank_coords(8, tp=2, pp=2, dp=2)
 
 
 @pytest.mark.parametrize("pp_rank,pp,v,expected", [(0, 2, 1, [0]), (1, 2, 2, [1, 3]), (0, 4, 2, [0, 4])])
