@@ -263,6 +263,6 @@ class TorchDDP:
 
 DataParallel = Union[ReplicateDP, FsdpDP, TorchDDP]
 
-KNOB_SECTIONS = {"batch": BatchConfig, "parallel": ParallelConfig, "pipeline": PipelineConfig,
-                 "recompute": Recompute, "data_parallel": DataParallel}
+KNOB_SECTIONS = {"batch": BatchConfig, "parallel": ParallelConfig, "tensor_parallel": TensorParallel,
+                 "pipeline": PipelineConfig, "recompute": Recompute, "data_parallel": DataParallel}
 """The knob sections by the name they have in both the trainer's and the planner's config."""

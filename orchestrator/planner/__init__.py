@@ -11,9 +11,10 @@ May import: nothing of the orchestrator
 from .calibrate import Calibration, calibrate
 from .cluster import ClusterSpec, Efficiency, JobSpec, ModelSpec
 from trainer.knobs import (BalancedSplit, BatchConfig, FirstLastSplit, FsdpDP, FullRecompute, NoRecompute,
-                           OpRecompute, ParallelConfig, PipelineConfig, ReplicateDP, SelectiveRecompute, TorchDDP)
+                           OpRecompute, ParallelConfig, PipelineConfig, ReplicateDP, SelectiveRecompute,
+                           TensorParallel, TorchDDP)
 
-from .config import OptimizerSharding, PipelineComm, PlanConfig, TensorParallel
+from .config import OptimizerSharding, PipelineComm, PlanConfig
 from .grid import enumerate_space
 from .memory import predicts_oom
 from .parse import (KNOBS, apply_params, knob_values, layer_split_context, plan_config_from_dict,

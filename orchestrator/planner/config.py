@@ -15,37 +15,13 @@ from typing import Any
 
 from trainer import layout
 from trainer.knobs import (BatchConfig, DataParallel, FsdpDP, NoRecompute, ParallelConfig, PipelineConfig,
-                           Recompute, ReplicateDP, Split)
+                           Recompute, ReplicateDP, Split, TensorParallel)
 from trainer.mapping import dump
 
 from .checks import check_bool, check_choice, check_int, prefixed
 from .cluster import ClusterSpec, Efficiency, JobSpec, ModelSpec
 
 GRAD_DTYPES = ("fp32", "bf16")
-
-
-@dataclass(frozen=True)
-class TensorParallel:
-    """Megatron tensor parallelism (the trainer has none): each layer's GEMMs split over ``size`` GPUs."""
-
-    size: int = 1
-    """Tensor-parallel size (Megatron's --tensor-model-parallel-size); best kept inside a node."""
-    sequence_parallel: bool = True
-    """Megatron sequence parallelism (Korthikanti et al. 2022): LayerNorm/dropout activations and pipeline
-    sends are split over the tensor-parallel group instead of replicated. A no-op at size 1."""
-    comm_overlap: bool = False
-    """Megatron's --tp-comm-overlap (Transformer Engine userbuffers): each layer's all-gathers and
-    reduce-scatters run pipelined with, or beside, the GEMMs next to them, so only what those GEMMs cannot
-    cover stays exposed (docs/planner.md). Needs sequence_parallel; a no-op at size 1."""
-
-    def __post_init__(self) -> None:
-        with prefixed("tensor_parallel"):
-            check_int(self, "size", 1)
-            check_bool(self, "sequence_parallel")
-            check_bool(self, "comm_overlap")
-            if self.comm_overlap and self.size > 1 and not self.sequence_parallel:
-                raise ValueError("comm_overlap: needs tensor_parallel.sequence_parallel (Megatron overlaps the "
-                                 "sequence-parallel all-gathers and reduce-scatters only); turn it on or drop the overlap")
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,9 @@ from .cluster import ClusterSpec, Efficiency, JobSpec, ModelSpec
 from trainer.knobs import (BatchConfig, FullRecompute, ParallelConfig, PipelineConfig, ReplicateDP,
                            SelectiveRecompute)
 
-from .config import OptimizerSharding, PlanConfig, TensorParallel
+from trainer.knobs import TensorParallel
+
+from .config import OptimizerSharding, PlanConfig
 
 
 def a100_cluster(num_gpus: int) -> ClusterSpec:

@@ -142,7 +142,7 @@ def test_planner_and_trainer_share_the_knob_classes():
     for section in knobs.KNOB_SECTIONS:
         assert plan[section] is train[section] is knobs.KNOB_SECTIONS[section], section
     own = {f.name for f in dataclasses.fields(PlanConfig)} - set(knobs.KNOB_SECTIONS)
-    assert own == {"cluster", "model", "job", "efficiency", "tensor_parallel", "optimizer", "pipeline_comm"}
+    assert own == {"cluster", "model", "job", "efficiency", "optimizer", "pipeline_comm"}
 
 
 @pytest.mark.parametrize("num_layers, pp", [(96, 8), (95, 8), (24, 4), (30, 2), (7, 3), (64, 64)])
