@@ -113,7 +113,7 @@ def _report_args(p: argparse.ArgumentParser) -> None:
 def _report(args: argparse.Namespace) -> int:
     from orchestrator.review import report
     from orchestrator.sweep.config import ConfirmConfig, load_saved_sweep
-    from orchestrator.records.record import read_records
+    from orchestrator.records.ledger import read_records
     from orchestrator.search.target import parse_target
     from orchestrator.records.winner import RULE
 

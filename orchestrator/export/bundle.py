@@ -28,7 +28,8 @@ from orchestrator.records import winner
 from orchestrator.sweep.config import load_saved_sweep
 from orchestrator.plan.verdict import verdict as plan_verdict, verdict_lines
 from orchestrator.export.megatron import format_args, megatron_args, megatron_args_for_plan
-from orchestrator.records.record import Kind, ParityVerdict, Status, TrialRecord, read_records
+from orchestrator.records.ledger import read_records
+from orchestrator.records.record import Kind, ParityVerdict, Status, TrialRecord
 from trainer.config import TrainConfig, flatten
 
 

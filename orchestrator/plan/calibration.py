@@ -20,7 +20,8 @@ import yaml
 
 from orchestrator.planner import Calibration, ClusterSpec, Efficiency, calibrate
 from orchestrator.planner.calibrate import BOUNDS
-from orchestrator.records.record import TrialRecord, read_records
+from orchestrator.records.ledger import read_records
+from orchestrator.records.record import TrialRecord
 from trainer.knobs import FsdpDP
 from trainer.result import Result
 

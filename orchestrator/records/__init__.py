@@ -1,7 +1,8 @@
 """The records: one typed ``TrialRecord`` per trial, the ledger that holds them, and the questions asked of them.
 
-``record`` (the record, its one writer and loader, its schema versions), ``ledger`` and ``jsonl`` (the
-append-only, fsynced file), ``query`` (baseline, best, overhead, pruning), ``winner`` (the one rule that names
+``record`` (the record, its one writer and loader, its schema versions), ``result_line`` (a result as a line
+stores it), ``ledger`` and ``jsonl`` (the append-only, fsynced file), ``detail`` (the file beside each measured
+line that holds what only pictures read), ``query`` (baseline, best, overhead, pruning), ``winner`` (the one rule that names
 the winner: the noise-aware median). Everything downstream (report, export, MLflow, calibration) reads these.
 
 May import: parity, units

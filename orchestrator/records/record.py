@@ -4,7 +4,7 @@
 ``TrialRecord.from_line()`` the only thing that turns a line back; every reader (report, export, tracking,
 calibration, resume) works on records, never on the line's string keys.
 
-What a line stores, and why (schema 1):
+What a line stores, and why (schema 2):
 
 - ``config`` once: the record's config is the one the trial was asked to run. The result's own copy is
   left out when it is the same, and only its changed values are kept when it is not (a pruned trial's
@@ -13,32 +13,38 @@ What a line stores, and why (schema 1):
   peak bases, ...). Metrics are the stored side because every line has them, a result only a measured
   run: a prediction, a skipped duplicate (which repeats an earlier trial's metrics) and a failed run
   have metrics and no result. They are also what every reader and ``jq`` looks at first, and they keep
-  the line readable should ``result`` (the bulk of a line) ever move to a file of its own. The summary is
-  rebuilt from both on load, so ``record.result.summary`` is complete.
+  the line readable now that the bulk of ``result`` lives in a file of its own. The summary is rebuilt from
+  both on load, so ``record.result.summary`` is complete.
+- ``result`` without its detail: each rank's steps, spans, memory and fingerprint (and, for runs that are no
+  parity reference, the per-step series and the parameter fingerprint) are read only by pictures, and were
+  90-95 % of a line. They live in the detail file the line names (``detail``, orchestrator.records.detail),
+  written before the line; ``read_records`` joins them back, so ``record.result`` is whole. A detail file that
+  is gone or does not read leaves the result without them and says why in ``record.detail_error``: every
+  figure a reader ranks, judges or reports by is in the line.
 
 Lines written before the schema existed (no ``schema`` key: version 0) load too: their second config and
-their summary-copied metrics are simply redundant. Keys a line carries that this version does not know
+their summary-copied metrics are simply redundant. Version 1 lines (the whole result in the line) load as
+they are. Keys a line carries that this version does not know
 (another helper's, a newer writer's) are kept in ``extra`` and written back, never dropped.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import enum
 import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from orchestrator.records.jsonl import JsonLines
+from orchestrator.records import result_line
+from orchestrator.records.detail import DetailMissing, detail_keys
 from orchestrator.parity.verdict import Tolerance, describe_failure
-from trainer.mapping import flatten
 from trainer.result import Result, Summary
 
-SCHEMA_VERSION = 1
-"""The version ``to_line`` writes. 0: lines from before the schema (config twice, metrics = summary copy)."""
+SCHEMA_VERSION = 2
+"""The version ``to_line`` writes. 0: lines from before the schema (config twice, metrics = summary copy);
+1: config and metrics once, the whole result in the line; 2: a line may name its detail file."""
 
 
 class Kind(enum.StrEnum):
@@ -80,7 +86,7 @@ def _split(cls: type, d: Mapping[str, Any] | None, where: str) -> tuple[dict[str
         return {}, {}
     if not isinstance(d, Mapping):
         raise ValueError(f"{where}: expected a mapping, got {type(d).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+    names = {f.name for f in dataclasses.fields(cls)} - {"extra", "detail_error"}
     return {k: v for k, v in d.items() if k in names}, {k: v for k, v in d.items() if k not in names}
 
 
@@ -274,8 +280,14 @@ class TrialRecord:
     """A guided sweep's planner view of this trial (orchestrator.plan.guided.planner_fields): its prediction with
     the efficiency refitted to the trials before it, the error against the measurement, whether it picked it
     (or why the planner cannot model it). None for other samplers."""
+    detail: str | None = None
+    """The detail file holding what of ``result`` only pictures read, relative to the ledger's folder
+    (``detail/<trial>-<kind>[-<repeat>].json.gz``); set by ``Ledger.append`` before the line is written."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Top-level keys this version does not know (another writer's, e.g. a placement); kept and written back."""
+    detail_error: str | None = field(default=None, compare=False, repr=False)
+    """Why ``result`` lacks its detail (the file is gone or does not read); None when whole. Not in the line:
+    the timeline picture is skipped with this as its note."""
 
     def __post_init__(self) -> None:
         self.kind = _enum(Kind, self.kind, "TrialRecord.kind")
@@ -323,15 +335,40 @@ class TrialRecord:
         }
         optional = {"probe": self.probe.to_dict() if self.probe else None, "repeat": self.repeat,
                     "duplicate_of": self.duplicate_of, "artifacts": self.artifacts or None,
-                    "placement": self.placement, "planner": self.planner}
+                    "placement": self.placement, "planner": self.planner, "detail": self.detail}
         line.update({k: v for k, v in optional.items() if v is not None})
         clash = set(self.extra) & (set(line) | {"result"})
         if clash:
             raise ValueError(f"TrialRecord.extra: {sorted(clash)} are record fields; set them, not extra")
         line.update(self.extra)
         # Last, so the small fields stay at the head of the line where `head`/`less` show them.
-        line["result"] = _pack_result(self.result.to_dict(), self.config, self.metrics) if self.result else None
+        line["result"] = result_line.pack(self.result.to_dict(), self.config, self.metrics.to_dict(),
+                                          self._apart()) if self.result else None
         return line
+
+    def detail_payload(self) -> dict[str, Any]:
+        """What the detail file holds: the result's keys the line leaves out, and whose line it is."""
+        if self.result is None:
+            raise ValueError("TrialRecord.detail_payload: a record without a measured result has no detail")
+        return {"schema": SCHEMA_VERSION, "sweep": self.sweep, "trial": self.trial, "kind": self.kind.value,
+                "repeat": self.repeat,
+                "result": result_line.detail_of(self.result.to_dict(), detail_keys(self.kind))}
+
+    def join_detail(self, payload: Mapping[str, Any]) -> None:
+        """Put the detail file's keys back into ``result``; ``DetailMissing`` when it is another line's."""
+        own = {"sweep": self.sweep, "trial": self.trial, "kind": self.kind.value, "repeat": self.repeat}
+        theirs = {k: payload.get(k) for k in own}
+        if theirs != own:
+            raise DetailMissing(f"{self.detail} belongs to {theirs}, not to this line ({own})")
+        try:
+            whole = result_line.join(self.result.to_dict(), payload.get("result") or {}, self._apart())
+            self.result = Result.from_dict(whole)
+        except (ValueError, TypeError, KeyError) as e:
+            raise DetailMissing(f"{self.detail} does not hold this result's detail ({type(e).__name__}: {e})") from None
+        self.detail_error = None
+
+    def _apart(self) -> tuple[str, ...]:
+        return detail_keys(self.kind) if self.detail is not None else ()
 
     # ---- the loader ---------------------------------------------------------------------------
 
@@ -340,8 +377,8 @@ class TrialRecord:
         """A record from a ledger line of any known schema (0: no ``schema`` key)."""
         d = dict(d)
         version = d.pop("schema", 0)
-        if version not in (0, 1):
-            raise ValueError(f"schema={version!r}: this steptune reads ledger schemas 0 and {SCHEMA_VERSION}; "
+        if version not in (0, 1, 2):
+            raise ValueError(f"schema={version!r}: this steptune reads ledger schemas 0 to {SCHEMA_VERSION}; "
                              f"the line was written by a newer one, upgrade to read it")
         missing = [k for k in LINE_KEYS if k not in d]
         if missing:
@@ -349,16 +386,20 @@ class TrialRecord:
         known, extra = _split(cls, d, "ledger line")
         raw_result = known.pop("result", None)
         metrics = Metrics.from_dict(known.pop("metrics"))
+        apart = detail_keys(known["kind"]) if known.get("detail") is not None else ()
         result = None
         if raw_result is not None:
             # Version 0 stored the whole result (its own config and summary); unpacking that is a no-op.
-            result = Result.from_dict(_unpack_result(raw_result, known["config"], metrics))
+            result = Result.from_dict(result_line.unpack(raw_result, known["config"], metrics.to_dict(), apart))
         parity = known.pop("parity", None)
         probe = known.pop("probe", None)
         artifacts = list(known.pop("artifacts", None) or [])  # popped first: **known is unpacked before it
-        return cls(**known, metrics=metrics, result=result,
-                   parity=ParityVerdict.from_dict(parity) if parity is not None else None,
-                   probe=Probe.from_dict(probe) if probe is not None else None, artifacts=artifacts, extra=extra)
+        record = cls(**known, metrics=metrics, result=result,
+                     parity=ParityVerdict.from_dict(parity) if parity is not None else None,
+                     probe=Probe.from_dict(probe) if probe is not None else None, artifacts=artifacts, extra=extra)
+        if result is not None and apart:
+            record.detail_error = f"{record.detail} was not read (the line was loaded without its ledger's folder)"
+        return record
 
 
 LINE_KEYS = ("sweep", "trial", "kind", "backend", "params", "config", "status", "reason", "metrics",
@@ -368,57 +409,6 @@ LINE_KEYS = ("sweep", "trial", "kind", "backend", "params", "config", "status", 
 
 def _iso(t: datetime) -> str:
     return t.astimezone(timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _pack_result(result: dict[str, Any], config: dict[str, Any], metrics: Metrics) -> dict[str, Any]:
-    """The result without what the line already holds: the record's config, the metrics' numbers.
-
-    Only values equal to the record's are left out, so packing loses nothing by construction; anything
-    that differs stays (a probe's shorter ``run.steps`` as ``config_changes``).
-    """
-    out = dict(result)
-    rc = out.pop("config")
-    if rc != config:
-        changes = _changes(config, rc)
-        if changes is not None:
-            out["config_changes"] = changes
-        else:  # a different shape, not just other values: keep it whole
-            out["config"] = rc
-    m = metrics.to_dict()
-    out["summary"] = {k: v for k, v in out["summary"].items() if k not in m or m[k] != v or type(m[k]) is not type(v)}
-    return out
-
-
-def _unpack_result(packed: dict[str, Any], config: dict[str, Any], metrics: Metrics) -> dict[str, Any]:
-    out = dict(packed)
-    if "config" not in out:
-        rc = copy.deepcopy(config)
-        for key, value in (out.pop("config_changes", None) or {}).items():
-            _set(rc, key, value)
-        out["config"] = rc
-    m = metrics.to_dict()
-    names = {f.name for f in dataclasses.fields(Summary)}
-    out["summary"] = {**{k: m[k] for k in names if k in m}, **out["summary"]}
-    return out
-
-
-def _changes(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any] | None:
-    """``other`` as dotted-key value changes to ``base``; None when it is not ``base`` with other leaf values."""
-    fb, fo = flatten(base), flatten(other)
-    if fb.keys() != fo.keys():
-        return None
-    changes = {k: v for k, v in fo.items() if fb[k] != v or type(fb[k]) is not type(v)}
-    rebuilt = copy.deepcopy(base)
-    for k, v in changes.items():
-        _set(rebuilt, k, v)
-    return changes if rebuilt == other else None
-
-
-def _set(d: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
-    for p in parents:
-        d = d[p]
-    d[leaf] = value
 
 
 # ---- a ledger file as records -----------------------------------------------------------------
@@ -432,11 +422,6 @@ def load_records(lines: Iterable[Mapping[str, Any]]) -> list[TrialRecord]:
         except (ValueError, TypeError, KeyError) as e:
             raise ValueError(f"ledger line {n} (trial {line.get('trial', '?')}): {e}") from None
     return out
-
-
-def read_records(path: Path) -> list[TrialRecord]:
-    """The records of ``results/<sweep>/trials.jsonl`` (a torn last line skipped); ``Ledger(path).read()``."""
-    return load_records(JsonLines(Path(path)).lines())
 
 
 def line_bytes(line: Mapping[str, Any]) -> int:

@@ -162,7 +162,9 @@ def write_trial_artifacts(out: Path, record: TrialRecord) -> None:
     (out / "ledger_record.json").write_text(json.dumps(record.to_line(), indent=1, default=str))  # as stored
     if record.result is None:
         return
-    result = record.result.to_dict()  # whole: its config and summary back in
+    if record.detail_error is not None:  # a lost detail file costs the pictures only: one line where they are missed
+        (out / "timeline_error.txt").write_text(f"timeline skipped: {record.detail_error}\n")
+    result = record.result.to_dict()  # whole: its config, summary and detail back in
     (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
     if any(r.spans for r in record.result.ranks):
         try:

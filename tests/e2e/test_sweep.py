@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 
 from orchestrator.sweep.config import load_sweep
 from orchestrator.records.ledger import Ledger
-from orchestrator.records.record import LINE_KEYS
+from orchestrator.records.record import LINE_KEYS, line_bytes
 from orchestrator.sweep.loop import run_sweep
 
 pytestmark = pytest.mark.e2e
@@ -71,7 +71,12 @@ def test_sweep_measures_trials_on_a_warm_group_and_reports(ray_address, sweep_fi
     assert lines[0].kind == "baseline" and lines[0].trial == 0 and lines[0].status == "ok"
     assert lines[0].parity.passed and lines[0].metrics.speedup_vs_baseline == 1.0
     raw = Ledger(cfg.results_dir / "trials.jsonl").lines()
-    assert all(set(LINE_KEYS) <= set(line) and line["schema"] == 1 for line in raw)  # what the file holds, typed or not
+    assert all(set(LINE_KEYS) <= set(line) and line["schema"] == 2 for line in raw)  # what the file holds, typed or not
+    # Lean lines: a measured trial's 2-rank run is a few KB; its detail (spans, per-rank steps) lies beside it.
+    measured = [line for line in raw if line["result"] is not None]
+    assert all((cfg.results_dir / line["detail"]).is_file() and "ranks" not in line["result"] for line in measured)
+    assert all(line_bytes(line) <= 4096 for line in measured if line["kind"] not in ("baseline", "canonical")), \
+        [(line["trial"], line["kind"], line_bytes(line)) for line in measured]
     assert sorted(r.trial for r in lines) == list(range(5))
     for r in lines:
         assert r.status in ("ok", "infeasible", "pruned", "skipped"), r.reason

@@ -9,7 +9,8 @@ import pytest
 
 from orchestrator.records import ledger as L
 from orchestrator.records import query as Q
-from orchestrator.records.record import Metrics, Probe, TrialRecord, read_records
+from orchestrator.records.ledger import read_records
+from orchestrator.records.record import Metrics, Probe, TrialRecord
 from orchestrator.records.query import OverheadStats, PruningStats
 from trainer.result import Result
 
@@ -26,7 +27,7 @@ def line(trial, kind="trial", status="ok", step=1.0, meets=False, measured=False
 
 def test_record_line_has_the_schema_and_refuses_bad_values():
     r = line(3, "confirm", repeat=1).to_line()
-    assert r["repeat"] == 1 and r["schema"] == 1
+    assert r["repeat"] == 1 and r["schema"] == 2
     assert r["started_at"] == "1970-01-01T00:00:00.000+00:00"
     with pytest.raises(ValueError, match="status='weird'"):
         line(1, status="weird")
