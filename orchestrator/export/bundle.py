@@ -24,6 +24,7 @@ import yaml
 
 from orchestrator.records import query as Q
 from orchestrator.records import winner
+from orchestrator.review.report import secs
 from orchestrator.sweep.config import load_saved_sweep
 from orchestrator.plan.verdict import verdict as plan_verdict, verdict_lines
 from orchestrator.export.megatron import format_args, megatron_args, megatron_args_for_plan
@@ -163,7 +164,10 @@ def export_trial(ledger_path: Path, trial: int | None, out_dir: Path, force: boo
     run_id = mlflow_run_of(ledger_path, record)
     ranked = winner.standings(records)
     place = next(((i, len(ranked), s) for i, s in enumerate(ranked) if s.trial == record.trial), None)
-    summary.write_text(summary_markdown(record, baseline, config, run, notes, forced, ledger_path, run_id, place))
+    saved = load_saved_sweep(Path(ledger_path).parent)  # the target the sweep judged its configs by
+    target_s = saved.target.seconds(baseline.metrics.step_time_s if baseline else None) if saved else None
+    summary.write_text(summary_markdown(record, baseline, config, run, notes, forced, ledger_path, run_id, place,
+                                        target_s))
     return [config_file, args_file, summary]
 
 
@@ -222,8 +226,12 @@ def _phase(r: TrialRecord, phase: str) -> float | None:
 
 def summary_markdown(record: TrialRecord, baseline: TrialRecord | None, config: dict[str, Any],
                      run: list[str], notes: list[str], forced: str | None, ledger_path: Path,
-                     run_id: str | None = None, place: tuple[int, int, winner.Standing] | None = None) -> str:
-    """``place``: (index, configs ranked, its standing) in the sweep's ranking (orchestrator.records.winner)."""
+                     run_id: str | None = None, place: tuple[int, int, winner.Standing] | None = None,
+                     target_s: float | None = None) -> str:
+    """``place``: (index, configs ranked, its standing) in the sweep's ranking (orchestrator.records.winner);
+    with ``target_s``, the target is judged on the standing's figure, as the sweep summary judges it."""
+    standing = place[2] if place is not None else None
+    meets = standing.meets(target_s) if standing is not None and target_s is not None else record.meets_target
     predicted = record.predicted
     what = "predicted" if predicted else "measured"
     lines = [f"# steptune export: sweep `{record.sweep}`, trial {record.trial} ({record.kind.value})", ""]
@@ -247,7 +255,10 @@ def summary_markdown(record: TrialRecord, baseline: TrialRecord | None, config: 
     lines += [
         f"- status: {record.status.value}; backend: {record.backend} ({what})",
         f"- loss parity vs baseline: {verdict}",
-        f"- meets target: {_yes_no(record.meets_target)}" + (_point_only(record) if predicted else ""),
+        f"- meets target: {_yes_no(meets)}" + (
+            f" ({standing.describe()} {'<=' if meets else '>'} {secs(target_s)})"
+            if standing is not None and target_s is not None and not predicted else "")
+        + (_point_only(record) if predicted else ""),
         *([_place_line(*place)] if place is not None else []),
         f"- MLflow run: `{run_id}`" if run_id else
         f"- MLflow run: not found in the sweep's store; in the UI filter on "
