@@ -184,7 +184,8 @@ def summary_md(name: str, summary: dict[str, Any], table_text: str, pictures: li
     out = [f"# steptune sweep `{name}`", "", f"Stopped because: **{summary.get('stopped_because', '-')}**", ""]
     out += [("  " if line.startswith("  ") else "") + f"- {line.strip()}" for line in lines if line.strip()]
     # Fenced: the table's columns are aligned with spaces, and params hold characters Markdown would eat.
-    out += ["", "## Trials", "", "Ranked by step time; every trial is a child run of this one.", "",
+    out += ["", "## Trials", "", "Ranked by the median of each config's runs (one run: that run), the figure the "
+            "summary's best is chosen by; every trial is a child run of this one.", "",
             "```text", table_text.rstrip(), "```", "", "## Pictures", ""]
     out += [f"- `plots/{p}`" for p in pictures] + [f"- skipped: {n}" for n in notes]
     out += ["", "The chart view of this run plots `best_step_time_s` and each trial's `step_time_s` "
