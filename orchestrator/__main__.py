@@ -94,14 +94,15 @@ def _sweep(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     where = "" if cfg.storage.results_dir == "results" else f" --results-dir {cfg.storage.results_dir}"
     print()
-    print(report.table(records))
+    print(report.table(records, summary["target_s"]))
     print()
     print(report.summary_text(summary))
     print(f"stopped because {summary['stopped_because']}")
     print(f"ledger: {cfg.results_dir / 'trials.jsonl'}; again: steptune report --sweep {cfg.name}{where}")
     if summary["mlflow_ui"]:
         print(f"MLflow: {summary['mlflow_ui']}")
-    print(f"export the best: steptune export --sweep {cfg.name}{where}")
+    best = f" (trial {summary['best']['trial']})" if summary.get("best") else ""
+    print(f"export the best{best}: steptune export --sweep {cfg.name}{where}")
     return EXIT_OK
 
 
@@ -112,7 +113,7 @@ def _report_args(p: argparse.ArgumentParser) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     from orchestrator.review import report
-    from orchestrator.sweep.config import ConfirmConfig, load_saved_sweep
+    from orchestrator.sweep.config import load_saved_sweep
     from orchestrator.records.ledger import read_records
     from orchestrator.search.target import parse_target
     from orchestrator.records.winner import RULE
@@ -121,12 +122,11 @@ def _report(args: argparse.Namespace) -> int:
     records = read_records(ledger)
     if not records:
         raise ValueError(f"{ledger} is empty: nothing was measured yet")
-    saved = load_saved_sweep(ledger.parent)  # the target and confirm rule the sweep ran with
-    target = saved.target if saved else parse_target(None)
-    repeats = (saved.confirm if saved else ConfirmConfig()).repeats
-    print(report.table(records))
+    saved = load_saved_sweep(ledger.parent)  # the target and winner rule the sweep ran with
+    summary = report.summarize(records, saved.target if saved else parse_target(None), saved.winner if saved else RULE)
+    print(report.table(records, summary["target_s"]))
     print()
-    print(report.summary_text(report.summarize(records, target, repeats, saved.winner if saved else RULE)))
+    print(report.summary_text(summary))
     return EXIT_OK
 
 

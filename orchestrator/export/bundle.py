@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import yaml
 
 from orchestrator.records import query as Q
 from orchestrator.records import winner
+from orchestrator.review.report import secs
 from orchestrator.sweep.config import load_saved_sweep
 from orchestrator.plan.verdict import verdict as plan_verdict, verdict_lines
 from orchestrator.export.megatron import format_args, megatron_args, megatron_args_for_plan
@@ -100,24 +100,22 @@ def step_time(record: TrialRecord) -> float | None:
 
 
 def pick(records: list[TrialRecord], trial: int | None, force: bool) -> tuple[TrialRecord, str | None]:
-    """(record, forced-despite reason). Winner: the noise-aware winner (orchestrator.records.winner: lowest median over
-    a config's runs) of the exportable records, among the configs confirmed to meet the target if any were."""
+    """(record, forced-despite reason). Without ``trial``: the best config (orchestrator.records.winner.best, the
+    one answer the sweep's summary, table and MLflow name), whose runs all passed parity."""
     if trial is None:
-        ok = [r for r in records if refusal(r) is None and step_time(r) is not None]
-        if not ok:
+        best = winner.best(records)
+        if best is None:
             raise ValueError("no trial in the ledger finished with parity passed; pick one with --trial N "
                              "(and --force to export it anyway)")
-        confirmed = {r.trial for r in ok if r.kind is Kind.CONFIRM}
-        runs, first = winner.ledger_runs([r for r in ok if not confirmed or r.trial in confirmed])
-        return pick(records, first[winner.leader(runs)], force)
+        return pick(records, best.trial, force)
     mine = [r for r in records if r.trial == trial]
     if not mine:
         have = sorted({r.trial for r in records})
         raise ValueError(f"trial {trial} is not in the ledger (trials: {have})")
-    # A confirmation is the repeat measurement of the same config: prefer it, then the trial's own line (a
-    # winner's re-measurement is one more run of it, not the trial), then the latest line.
-    ranked = sorted(reversed(mine), key=lambda r: (refusal(r) is None, r.kind is Kind.CONFIRM,
-                                                   r.kind is not Kind.REPEAT), reverse=True)
+    # The trial's own line (baseline or trial): the config the ranking names. A confirm or re-measurement line is
+    # one more run of it (its figure counts them all, below); the latest line before an older one.
+    ranked = sorted(reversed(mine), key=lambda r: (refusal(r) is None, r.kind in (Kind.BASELINE, Kind.TRIAL)),
+                    reverse=True)
     why = refusal(ranked[0])
     if why and not force:
         raise ValueError(f"refusing to export: {why}. Use --force to export it anyway")
@@ -165,9 +163,12 @@ def export_trial(ledger_path: Path, trial: int | None, out_dir: Path, force: boo
     args_file.write_text(format_args(args))
     summary = out_dir / "summary.md"
     run_id = mlflow_run_of(ledger_path, record)
-    by_config, first = winner.ledger_runs(records)
-    runs = next((v for k, v in by_config.items() if first[k] == record.trial), None)
-    summary.write_text(summary_markdown(record, baseline, config, run, notes, forced, ledger_path, run_id, runs))
+    ranked = winner.standings(records)
+    place = next(((i, len(ranked), s) for i, s in enumerate(ranked) if s.trial == record.trial), None)
+    saved = load_saved_sweep(Path(ledger_path).parent)  # the target the sweep judged its configs by
+    target_s = saved.target.seconds(baseline.metrics.step_time_s if baseline else None) if saved else None
+    summary.write_text(summary_markdown(record, baseline, config, run, notes, forced, ledger_path, run_id, place,
+                                        target_s))
     return [config_file, args_file, summary]
 
 
@@ -226,7 +227,12 @@ def _phase(r: TrialRecord, phase: str) -> float | None:
 
 def summary_markdown(record: TrialRecord, baseline: TrialRecord | None, config: dict[str, Any],
                      run: list[str], notes: list[str], forced: str | None, ledger_path: Path,
-                     run_id: str | None = None, runs: list[float] | None = None) -> str:
+                     run_id: str | None = None, place: tuple[int, int, winner.Standing] | None = None,
+                     target_s: float | None = None) -> str:
+    """``place``: (index, configs ranked, its standing) in the sweep's ranking (orchestrator.records.winner);
+    with ``target_s``, the target is judged on the standing's figure, as the sweep summary judges it."""
+    standing = place[2] if place is not None else None
+    meets = standing.meets(target_s) if standing is not None and target_s is not None else record.meets_target
     predicted = record.predicted
     what = "predicted" if predicted else "measured"
     lines = [f"# steptune export: sweep `{record.sweep}`, trial {record.trial} ({record.kind.value})", ""]
@@ -250,10 +256,11 @@ def summary_markdown(record: TrialRecord, baseline: TrialRecord | None, config: 
     lines += [
         f"- status: {record.status.value}; backend: {record.backend} ({what})",
         f"- loss parity vs baseline: {verdict}",
-        f"- meets target: {_yes_no(record.meets_target)}" + (_point_only(record) if predicted else ""),
-        *([f"- runs of this config: {len(runs)}, median {statistics.median(runs) * 1e3:.1f} ms "
-           f"[{min(runs) * 1e3:.1f}, {max(runs) * 1e3:.1f}] (the noise-aware winner ranks by the median; the table "
-           f"below is this line's run)"] if runs and len(runs) > 1 else []),
+        f"- meets target: {_yes_no(meets)}" + (
+            f" ({standing.describe()} {'<=' if meets else '>'} {secs(target_s)})"
+            if standing is not None and target_s is not None and not predicted else "")
+        + (_point_only(record) if predicted else ""),
+        *([_place_line(*place)] if place is not None else []),
         f"- MLflow run: `{run_id}`" if run_id else
         f"- MLflow run: not found in the sweep's store; in the UI filter on "
         f"`tags.\"steptune.trial\" = '{record.trial}'`",
@@ -277,6 +284,13 @@ def summary_markdown(record: TrialRecord, baseline: TrialRecord | None, config: 
     lines += ["", "## Run it", "", *run, "", "## Megatron-LM mapping notes", ""]
     lines += [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def _place_line(i: int, n: int, standing: winner.Standing) -> str:
+    lo, hi = standing.interval_s
+    return (f"- rank {i + 1} of {n} configs" + (" (the sweep's best)" if i == 0 else "") + f", by {standing.describe()}"
+            + (f" [{lo * 1e3:.1f}, {hi * 1e3:.1f}] ms (configs are ranked by the median of their runs; the table "
+               f"below is this line's own run)" if len(standing.runs) > 1 else ""))
 
 
 def _config_diff(base: dict[str, Any] | None, mine: dict[str, Any]) -> list[tuple[str, Any, Any]]:

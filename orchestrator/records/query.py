@@ -1,7 +1,8 @@
-"""Questions asked of a ledger's records: the baseline, the best, the confirmed winner, what pruning saved.
+"""Questions asked of a ledger's records: the baseline, a confirmation left pending, the overhead, what pruning saved.
 
 The typed counterparts of the readers in ``orchestrator.records.ledger``, on ``TrialRecord`` (orchestrator.records.record).
-They answer from what a record is (measured, predicted, its probe), not from which backend wrote it.
+They answer from what a record is (measured, predicted, its probe), not from which backend wrote it. Which
+config is best, and whether it met the target, is orchestrator.records.winner's one rule.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from orchestrator.records import winner
 from orchestrator.records.record import Kind, Status, TrialRecord
 
 
@@ -30,39 +32,18 @@ def baseline_s(records: Iterable[TrialRecord]) -> float | None:
     return base.metrics.step_time_s if base is not None and base.status is Status.OK else None
 
 
-def best_of(records: Iterable[TrialRecord]) -> TrialRecord | None:
-    """The fastest usable record: status ok (measured or predicted, parity passed or not applicable)."""
-    ok = [r for r in measured(records) if r.status is Status.OK and r.metrics.step_time_s]
-    return min(ok, key=lambda r: r.metrics.step_time_s, default=None)
-
-
 def confirms_of(records: Iterable[TrialRecord], trial: int) -> list[TrialRecord]:
     """The confirm runs of one trial, in the order they were written."""
     return [c for c in records if c.kind is Kind.CONFIRM and c.trial == trial]
 
 
-def confirmed_winner(records: Sequence[TrialRecord], repeats: int) -> TrialRecord | None:
-    """The first record that met the target and whose ``repeats`` confirm runs all met it again.
-
-    A prediction is never re-run: the first predicted record under the target is the answer.
-    """
+def unconfirmed(records: Sequence[TrialRecord], target_s: float | None, repeats: int) -> TrialRecord | None:
+    """A measured trial that met the target by its own run and still lacks some of its ``repeats`` confirm runs
+    (the driver died between) while its config's figure (orchestrator.records.winner) still meets the target;
+    a confirmation ends early once it does not."""
+    meeting = {s.trial for s in winner.standings(records) if s.meets(target_s)}
     for r in measured(records):
-        if not r.meets_target:
-            continue
-        if r.predicted or repeats == 0:
-            return r
-        confirms = confirms_of(records, r.trial)
-        if len(confirms) >= repeats and all(c.meets_target for c in confirms[:repeats]):
-            return r
-    return None
-
-
-def unconfirmed(records: Sequence[TrialRecord], repeats: int) -> TrialRecord | None:
-    """A measured record that met the target but has not been through its confirm runs (the driver died between)."""
-    for r in measured(records):
-        confirms = confirms_of(records, r.trial)
-        if (r.meets_target and r.measured and len(confirms) < repeats
-                and all(c.meets_target for c in confirms)):
+        if r.meets_target and r.measured and r.trial in meeting and len(confirms_of(records, r.trial)) < repeats:
             return r
     return None
 

@@ -1,16 +1,22 @@
-"""The noise-aware winner: configs compared by the median of their runs, with [min, max] as the interval.
+"""The one answer: configs ranked by the median of their runs (one run: that run); the rule that settles it.
 
-One rule, used by the sweep (which runs the re-measurements it asks for once its search is over), the
-sweep summary, ``export`` and the replay (bench/replay.py): the winner is the config with the lowest median;
-while any of the ``top_k`` lowest medians has an interval overlapping the leader's, each of those configs
-and the leader with fewer than ``min_runs`` runs needs one more run, up to ``max_repeats`` extra runs in all.
-A config's interval is [min, max] of its runs; with one run, the run widened by the typical spread
-((max - min) / median) of the configs with several, or by ``single_run_spread`` until three have several.
+A config is ranked by one figure, the median of its runs (its single run until it is re-measured; a
+prediction is one "run"): ``standings`` is that ranking and ``best`` its first, the answer. The table, the
+summary, the target verdict, the sweep's target stop (``confirmed``), ``export`` and the MLflow parent all
+read them, so they name the same config. The single fastest run is shown only as such.
+
+The noise-aware part, used by the sweep (which runs the re-measurements it asks for once its search is over)
+and the replay (bench/replay.py): while any of the ``top_k`` lowest figures has an interval overlapping the
+leader's, each of those configs and the leader with fewer than ``min_runs`` runs needs one more run, up to
+``max_repeats`` extra runs in all. A config's interval is [min, max] of its runs; with one run, the run
+widened by the typical spread ((max - min) / median) of the configs with several, or by
+``single_run_spread`` until three have several.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -50,9 +56,14 @@ MEASURED_SPREAD_CONFIGS = 3
 """Configs with several runs needed before their median spread replaces ``single_run_spread``."""
 
 
+def figure(runs: Sequence[float]) -> float:
+    """What a config is ranked by: the median of its runs; a config run once, that run."""
+    return statistics.median(runs)
+
+
 def to_remeasure(runs: Mapping[str, Sequence[float]], rule: WinnerRule = RULE) -> list[str]:
     """Keys (best median first) that need one more run before a winner can be declared; [] when none."""
-    top = sorted(runs, key=lambda k: statistics.median(runs[k]))[:rule.top_k]
+    top = sorted(runs, key=lambda k: figure(runs[k]))[:rule.top_k]
     if not top:
         return []
     spreads = [(max(v) - min(v)) / statistics.median(v) for v in runs.values() if len(v) > 1]
@@ -77,50 +88,122 @@ def next_to_run(runs: Mapping[str, Sequence[float]], rule: WinnerRule = RULE) ->
 
 
 def leader(runs: Mapping[str, Sequence[float]]) -> str:
-    return min(runs, key=lambda k: statistics.median(runs[k]))
+    return min(runs, key=lambda k: figure(runs[k]))
 
 
 def key_of(params: Mapping[str, Any]) -> str:
     return json.dumps(dict(params), sort_keys=True)
 
 
-def ledger_runs(records: Sequence[TrialRecord]) -> tuple[dict[str, list[float]], dict[str, int]]:
-    """Step times per config (``key_of`` its params) from ok trial, baseline, confirm and repeat records, and
-    the first trial number of each config. The canonical reference run shares the baseline's trial number but
-    not its config, and a reused measurement is not a run: neither counts."""
+def counts(r: TrialRecord) -> bool:
+    """Whether a record is a run the rule ranks its config by: an ok baseline, trial, confirm or repeat line
+    whose step time is a number. A canonical reference run shares the baseline's trial number but not its
+    config, and a reused measurement (``duplicate_of``) is not a run; a measured run without a parity verdict
+    was never checked against the baseline (``export`` refuses it), so it cannot be the answer either."""
+    t = r.metrics.step_time_s
+    checked = r.parity.passed if r.parity is not None else (r.kind is Kind.BASELINE or not r.measured)
+    return (r.kind is not Kind.CANONICAL and r.status is Status.OK and r.duplicate_of is None and checked
+            and isinstance(t, (int, float)) and math.isfinite(t) and t > 0)
+
+
+@dataclass(frozen=True)
+class Standing:
+    """One config as the rule ranks it: its runs (ledger order) and the figure they give."""
+
+    record: TrialRecord
+    """The config's first ok baseline or trial line: the trial number, params and config that name it."""
+    runs: tuple[float, ...]
+    key: str
+    """``key_of`` its params: what groups a trial's confirm and repeat lines with it."""
+
+    @property
+    def trial(self) -> int:
+        return self.record.trial
+
+    @property
+    def step_time_s(self) -> float:
+        return figure(self.runs)
+
+    @property
+    def interval_s(self) -> tuple[float, float]:
+        return min(self.runs), max(self.runs)
+
+    @property
+    def predicted(self) -> bool:
+        return self.record.predicted
+
+    def meets(self, target_s: float | None) -> bool:
+        """At or under the target by the figure the config is ranked by."""
+        return target_s is not None and self.step_time_s <= target_s
+
+    def describe(self) -> str:
+        """How the figure was reached: ``median of 4 runs 40.7 ms``, ``single run 45.3 ms``, ``predicted ~9.18 s``."""
+        t = self.step_time_s
+        value = f"{t * 1e3:.1f} ms" if t < 1 else f"{t:.3f} s"
+        if self.predicted:
+            return f"predicted ~{value}"
+        return f"median of {len(self.runs)} runs {value}" if len(self.runs) > 1 else f"single run {value}"
+
+
+def standings(records: Sequence[TrialRecord]) -> list[Standing]:
+    """Every config with a run that ``counts``, best first: by ``figure``, then by trial number. THE ranking:
+    the table, the summary, the target verdict, the sweep's target stop, ``export`` and MLflow all read it."""
     runs: dict[str, list[float]] = {}
-    first: dict[str, int] = {}
+    named: dict[str, TrialRecord] = {}
     params_of = {r.trial: r.params for r in records if r.kind in (Kind.BASELINE, Kind.TRIAL)}
     for r in records:
-        t = r.metrics.step_time_s
-        if r.kind is Kind.CANONICAL or r.status is not Status.OK or not t or r.duplicate_of is not None:
+        if not counts(r):
             continue
         key = key_of(params_of.get(r.trial, r.params))
-        runs.setdefault(key, []).append(t)
-        first.setdefault(key, r.trial)
-    return runs, first
+        runs.setdefault(key, []).append(r.metrics.step_time_s)
+        if r.kind in (Kind.BASELINE, Kind.TRIAL) and (key not in named or r.trial < named[key].trial):
+            named[key] = r
+    out = [Standing(named[k], tuple(v), k) for k, v in runs.items() if k in named]
+    return sorted(out, key=lambda s: (s.step_time_s, s.trial))
+
+
+def best(records: Sequence[TrialRecord]) -> Standing | None:
+    """The answer: the config with the lowest figure (the noise-aware winner once re-measured)."""
+    ranked = standings(records)
+    return ranked[0] if ranked else None
+
+
+def runs_by_key(ranked: Sequence[Standing]) -> dict[str, list[float]]:
+    """The runs ``to_remeasure`` and ``next_to_run`` take, in the ranking's order (so ties resolve alike)."""
+    return {s.key: list(s.runs) for s in ranked}
+
+
+def confirmed(records: Sequence[TrialRecord], target_s: float | None, repeats: int) -> Standing | None:
+    """The best config, when it meets the target by a measured figure that counts ``repeats`` re-measurements
+    beyond its first run (``confirm.repeats``): what stops a sweep for its target. None for a prediction:
+    it repeats exactly, so the model backend searches its whole budget instead."""
+    top = best(records)
+    if top is None or top.predicted or not top.meets(target_s) or len(top.runs) < 1 + repeats:
+        return None
+    return top
 
 
 def summary(records: Sequence[TrialRecord], rule: WinnerRule = RULE) -> dict[str, Any] | None:
-    """The noise-aware winner of a ledger as measured: its trial, median and interval, the re-measurements the
-    sweep ran, and the trials the rule would still run again (the ``max_repeats`` budget was spent, or the sweep
-    stopped for its wall time)."""
-    runs, first = ledger_runs(records)
-    if not runs:
+    """The answer of a ledger as a JSON-able dict (the sweep summary's ``best``): its trial, figure, runs and
+    interval, the re-measurements the sweep ran, and the trials the rule would still run again (the
+    ``max_repeats`` budget was spent, or the sweep stopped for its wall time)."""
+    ranked = standings(records)
+    if not ranked:
         return None
-    lead = leader(runs)
-    return {"trial": first[lead], "median_s": statistics.median(runs[lead]), "runs": len(runs[lead]),
-            "interval_s": [min(runs[lead]), max(runs[lead])],
+    top = ranked[0]
+    unsettled = [] if top.predicted else to_remeasure(runs_by_key(ranked), rule)
+    return {"trial": top.trial, "kind": top.record.kind.value, "params": top.record.params,
+            "step_time_s": top.step_time_s, "runs": len(top.runs), "interval_s": list(top.interval_s),
+            "predicted": top.predicted, "describe": top.describe(),
             "repeats_run": sum(r.kind is Kind.REPEAT for r in records),
-            "remeasure_trials": [first[k] for k in to_remeasure(runs, rule)], "min_runs": rule.min_runs}
+            "remeasure_trials": [s.trial for s in ranked if s.key in unsettled],
+            "min_runs": rule.min_runs}
 
 
-def summary_text(w: Mapping[str, Any]) -> str:
-    line = (f"noise-aware winner: trial {w['trial']}, median {w['median_s'] * 1e3:.1f} ms of {w['runs']} run(s) "
-            f"[{w['interval_s'][0] * 1e3:.1f}, {w['interval_s'][1] * 1e3:.1f}]")
-    if w.get("repeats_run"):
-        line += f"; settled with {w['repeats_run']} re-measurement(s)"
+def settling_text(w: Mapping[str, Any]) -> str | None:
+    """Whether the rule is satisfied with the answer: the re-measurements run, and the trials still unsettled."""
+    parts = [f"settled with {w['repeats_run']} re-measurement(s)"] if w.get("repeats_run") else []
     if w["remeasure_trials"]:
-        line += (f"; not settled: trials {', '.join(map(str, w['remeasure_trials']))} overlap it and need more runs "
-                 f"({w.get('min_runs', RULE.min_runs)} each) to tell them apart (winner.max_repeats)")
-    return line
+        parts.append(f"not settled: trials {', '.join(map(str, w['remeasure_trials']))} overlap it and need more "
+                     f"runs ({w.get('min_runs', RULE.min_runs)} each) to tell them apart (winner.max_repeats)")
+    return "; ".join(parts) or None

@@ -6,7 +6,6 @@ Predicted (model backend) numbers are marked ``~`` and the table says they are p
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import sys
 import time
 from typing import Any, TextIO
@@ -58,87 +57,108 @@ def _parity(r: TrialRecord) -> str:
     return "pass" if p.passed else f"FAIL {p.first_fail_metric}@{p.first_fail_step}"
 
 
-def table(records: list[TrialRecord], limit: int | None = None) -> str:
-    """Ranked: usable records by step time first, then everything else by trial number."""
+def _ranked(records: list[TrialRecord]) -> tuple[list[W.Standing], dict[str, int]]:
+    """The ranking (orchestrator.records.winner.standings) and each config's place in it, by ``key_of`` params."""
+    ranked = W.standings(records)
+    return ranked, {s.key: i for i, s in enumerate(ranked)}
+
+
+def table(records: list[TrialRecord], target_s: float | None = None, limit: int | None = None) -> str:
+    """Ranked as the answer is chosen (orchestrator.records.winner): configs by the median of their runs (a
+    config run once: that run), then every other line by trial number. ``*``: the config meets ``target_s``
+    by that same figure."""
     rows = Q.measured(records)
-    confirms = {r.trial: r for r in records if r.kind is Kind.CONFIRM}
-    ok = sorted((r for r in rows if r.status is Status.OK), key=lambda r: r.metrics.step_time_s or 0.0)
-    rest = sorted((r for r in rows if r.status is not Status.OK), key=lambda r: r.trial)
+    ranked, place = _ranked(records)
+    base_s = Q.baseline_s(records)
     model = any(r.predicted for r in rows)
-    # Configs run more than once (confirm, repeat): their median, which the noise-aware winner ranks by.
-    runs, first = W.ledger_runs(records)
-    several = {first[k]: v for k, v in runs.items() if len(v) > 1}
-    head = ["rank", "trial", "kind", "step time" + (" (pred.)" if model else ""),
-            *(["median (runs)"] if several else []), "speedup", "peak mem", "MFU", "parity", "status",
-            "params / reason"]
+
+    def standing(r: TrialRecord) -> W.Standing | None:
+        i = place.get(W.key_of(r.params)) if r.status is Status.OK else None
+        return None if i is None else ranked[i]
+
+    ok = sorted((r for r in rows if standing(r)), key=lambda r: (place[standing(r).key], r.trial))
+    rest = sorted((r for r in rows if not standing(r)), key=lambda r: r.trial)
+    # A prediction is its config's one "run": its column is the figure. A measured config's row shows the
+    # figure it is ranked by (with its number of runs) and, beside it, the trial's own run.
+    head = ["rank", "trial", "kind", *(["step time (pred.)"] if model else ["median (runs)", "this run"]),
+            "speedup", "peak mem", "MFU", "parity", "status", "params / reason"]
     body = []
-    for i, r in enumerate(ok + rest):
-        m, pred = r.metrics, r.predicted
-        status = r.status.value + (" *" if r.meets_target else "")
-        if r.trial in confirms:
-            status += " confirmed" if confirms[r.trial].meets_target else " unconfirmed"
-        median = ([f"{secs(statistics.median(several[r.trial]))} ({len(several[r.trial])})"
-                   if r.trial in several and r.status is Status.OK else "-"] if several else [])
-        body.append([str(i + 1) if r.status is Status.OK else "-", str(r.trial), r.kind.value,
-                     secs(m.step_time_s, pred), *median,
-                     f"{m.speedup_vs_baseline:.2f}x" if m.speedup_vs_baseline else "-",
-                     fmt_bytes(m.peak_memory_bytes), f"{m.mfu:.1%}" if m.mfu is not None else "-", _parity(r), status,
+    for r in ok + rest:
+        m, pred, s = r.metrics, r.predicted, standing(r)
+        figure = f"{secs(s.step_time_s, pred)}" + ("" if model else f" ({len(s.runs)})") if s else "-"
+        speedup = base_s / s.step_time_s if s and base_s else m.speedup_vs_baseline
+        body.append([str(place[s.key] + 1) if s else "-", str(r.trial), r.kind.value,
+                     *([figure if s else secs(m.step_time_s, pred)] if model else [figure, secs(m.step_time_s)]),
+                     f"{speedup:.2f}x" if speedup else "-",
+                     fmt_bytes(m.peak_memory_bytes), f"{m.mfu:.1%}" if m.mfu is not None else "-", _parity(r),
+                     r.status.value + (" *" if s and s.meets(target_s) else ""),
                      short_params(r.params) if r.status in (Status.OK, Status.PRUNED) else one_line(r.reason, 90)])
     if limit is not None:
         body = body[:limit]
     widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in body]
-    lines.append("* meets the target" + ("; ~ predicted by the planner, not measured" if model else ""))
+    lines.append(("ranked by the prediction; ~ predicted by the planner, not measured" if model else
+                  "ranked by median (runs): the median of the config's runs (confirm and re-measurement runs "
+                  "included; one run: that run); this run: the trial's own") + "\n* meets the target by that figure")
     return "\n".join(lines)
 
 
-def summarize(records: list[TrialRecord], target: Target, repeats: int, rule: W.WinnerRule = W.RULE) -> dict[str, Any]:
-    """The sweep's outcome as a plain, JSON-able dict (MLflow's summary.json and ``summary_text`` read it)."""
+def summarize(records: list[TrialRecord], target: Target, rule: W.WinnerRule = W.RULE) -> dict[str, Any]:
+    """The sweep's outcome as a plain, JSON-able dict (MLflow's summary.json and ``summary_text`` read it).
+
+    ``best`` is the one answer (orchestrator.records.winner.best); the target verdict is judged on its figure.
+    """
     base = Q.baseline_of(records)
     base_s = Q.baseline_s(records)
     target_s = target.seconds(base_s)
-    best = Q.best_of(records)
-    winner = Q.confirmed_winner(records, repeats) if target_s is not None else None
+    ranked, _ = _ranked(records)
+    top = ranked[0] if ranked else None
+    best = W.summary(records, rule)
+    if best is not None:
+        best["speedup"] = base_s / best["step_time_s"] if base_s else None
+    fastest = min(((t, s) for s in ranked for t in s.runs), key=lambda p: p[0], default=None)
     rows = Q.measured(records)
     statuses: dict[str, int] = {}
     for r in rows:
         statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
-    best_s = best.metrics.step_time_s if best else None
     pruning = Q.pruning_stats(rows)
+    top_record = top.record if top else None
     return {
         "n_trials": len(rows), "statuses": statuses, "backend": rows[0].backend if rows else None,
         "predicted": bool(rows) and rows[0].predicted,
         "baseline_trial": base.trial if base else None, "baseline_step_time_s": base_s,
-        "best_trial": best.trial if best else None, "best_step_time_s": best_s,
-        "best_params": best.params if best else None,
-        "best_speedup": best.metrics.speedup_vs_baseline if best else None,
+        "best": best,
+        "fastest_run": None if fastest is None or fastest[1] is top else
+        {"trial": fastest[1].trial, "step_time_s": fastest[0], "describe": fastest[1].describe()},
         "target": target.describe(base_s), "target_s": target_s,
-        "target_met": winner is not None, "winner_trial": winner.trial if winner else None,
-        "distance_to_target_s": (best_s - target_s) if best_s is not None and target_s is not None else None,
+        "target_met": bool(top and top.meets(target_s)),
+        "distance_to_target_s": top.step_time_s - target_s if top and target_s is not None else None,
         "overhead": dataclasses.asdict(Q.overhead_stats(rows)),
         "pruning": {**dataclasses.asdict(pruning), "net_s": pruning.net_s},
         "trials_wall_s": sum(r.wall_s or 0.0 for r in records),
         "prefilter": prefilter_summary(records),
-        "numerics": parity.numerics_note(best.params, base.params, best.parity.to_dict() if best.parity else None)
-        if best and base else None,
-        "breakdowns": _breakdowns(records, target_s) if rows and rows[0].predicted else [],
+        "numerics": parity.numerics_note(top_record.params, base.params,
+                                         top_record.parity.to_dict() if top_record.parity else None)
+        if top_record and base else None,
+        "breakdowns": _breakdowns(records, target_s, top_record) if rows and rows[0].predicted else [],
         "verdict": verdict(records, target_s),
         "time_to_answer": time_to_answer(records),
-        "noise_aware_winner": W.summary(records, rule),
     }
 
 
 def time_to_answer(records: list[TrialRecord], within: float = 0.02) -> dict[str, Any]:
-    """Trials and seconds (from the first trial's start) until the first config within ``within`` of the best
-    found was measured, and the planner's |error| per trial where a guided sweep recorded one (ledger order)."""
+    """Trials and seconds (from the first trial's start) until the first config whose figure is within ``within``
+    of the best config's was measured, and the planner's |error| per trial where a guided sweep recorded one
+    (ledger order)."""
     rows = Q.measured(records)
-    best = Q.best_of(records)
+    ranked, place = _ranked(records)
     out: dict[str, Any] = {"within": within, "trials": None, "seconds": None, "trial": None}
-    if best is not None:
-        limit = best.metrics.step_time_s * (1 + within)
+    if ranked:
+        limit = ranked[0].step_time_s * (1 + within)
         for i, r in enumerate(rows, 1):
-            if r.status is Status.OK and (r.metrics.step_time_s or float("inf")) <= limit:
+            j = place.get(W.key_of(r.params)) if r.status is Status.OK else None
+            if j is not None and ranked[j].step_time_s <= limit:
                 out.update(trials=i, trial=r.trial, seconds=(r.finished_at - rows[0].started_at).total_seconds())
                 break
     errs = [abs(r.planner["error_pct"]) for r in rows if (r.planner or {}).get("error_pct") is not None]
@@ -166,9 +186,8 @@ BREAKDOWN = (("forward", "forward_s"), ("backward", "backward_s"), ("recompute",
              ("tp comm", "tp_comm_s"), ("optimizer", "optimizer_s"))
 
 
-def _breakdowns(records: list[TrialRecord], target_s: float | None) -> list[str]:
+def _breakdowns(records: list[TrialRecord], target_s: float | None, best: TrialRecord | None) -> list[str]:
     """Model backend: where the predicted time goes, for the baseline, the best and every config under target."""
-    best = Q.best_of(records)
     picked = [r for r in records if r.status is Status.OK and r.prediction and r.metrics.step_time_s is not None
               and (r.kind is Kind.BASELINE or r is best
                    or (target_s is not None and r.metrics.step_time_s <= target_s))]
@@ -186,30 +205,43 @@ def _breakdowns(records: list[TrialRecord], target_s: float | None) -> list[str]
     return out
 
 
+def _figure(best: dict[str, Any], interval: bool = True) -> str:
+    """The best config's figure as the summary states it: ``median of 4 runs 40.7 ms [40.0, 50.4]``."""
+    lo, hi = best["interval_s"]
+    return best["describe"] + (f" [{secs(lo)}, {secs(hi)}]" if interval and best["runs"] > 1 else "")
+
+
 def summary_text(s: dict[str, Any]) -> str:
     pred = s["predicted"]
     out = [f"trials: {s['n_trials']} ({', '.join(f'{k} {v}' for k, v in sorted(s['statuses'].items()))}); "
            f"time in trials {s['trials_wall_s']:.1f} s"]
     if s["baseline_step_time_s"] is not None:
         out.append(f"baseline (trial {s['baseline_trial']}): {secs(s['baseline_step_time_s'], pred)} per update")
-    if s["best_trial"] is not None:
-        out.append(f"best (trial {s['best_trial']}): {secs(s['best_step_time_s'], pred)} per update"
-                   + (f", {s['best_speedup']:.2f}x the baseline" if s["best_speedup"] else "")
-                   + f"  [{short_params(s['best_params'])}]")
+    best = s.get("best")
+    if best is not None:
+        out.append(f"best (trial {best['trial']}): {_figure(best)} per update"
+                   + (f", {best['speedup']:.2f}x the baseline" if best.get("speedup") else "")
+                   + f"  [{short_params(best['params'])}]")
+        if (settling := W.settling_text(best)) is not None:
+            out.append(f"  {settling}")
+    if s.get("fastest_run"):
+        f = s["fastest_run"]
+        out.append(f"fastest single run: trial {f['trial']}, {secs(f['step_time_s'])} (not the best: that config's "
+                   f"{f['describe']})")
     out.append(f"target: {s['target']}")
-    if s["target_met"]:
-        out.append(f"target met by trial {s['winner_trial']}" + (
-            " (predicted; confirm it with a real run)" if pred else " (parity passed, confirmed by a repeat run)"))
-    elif s["distance_to_target_s"] is not None:
-        d = s["distance_to_target_s"]
-        gap = f"{secs(abs(d), pred)} ({abs(d) / s['target_s']:.1%})"
-        out.append(f"target not met: best is {gap} above it" if d > 0 else
-                   f"target not met: best is {gap} under it, but a repeat run did not confirm it")
+    if best is not None and s["target_s"] is not None:
+        # Judged on the best config's figure, the same the table ranks by and `export` exports.
+        t = secs(s["target_s"], pred)
+        if s["target_met"]:
+            out.append(f"target met: trial {best['trial']}, {_figure(best, interval=False)} <= {t}"
+                       + (" (predicted; confirm it with a real run)" if pred else ""))
+        else:
+            d = s["distance_to_target_s"]
+            out.append(f"target not met: trial {best['trial']}, {_figure(best, interval=False)} is "
+                       f"{secs(d, pred)} ({d / s['target_s']:.1%}) above {t}")
     out.extend(verdict_lines(s.get("verdict")))  # model backend: band, robust or point only, efficiency basis
     if s.get("time_to_answer"):
         out.append(time_to_answer_text(s["time_to_answer"]))
-    if s.get("noise_aware_winner") and not s["predicted"]:
-        out.append(W.summary_text(s["noise_aware_winner"]))
     if s.get("numerics"):
         out.append(s["numerics"])
     if s.get("breakdowns"):

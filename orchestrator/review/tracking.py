@@ -11,7 +11,6 @@ kind and (confirmations) repeat, so logging a line twice is a no-op and a resume
 from __future__ import annotations
 
 import json
-import math
 import shlex
 import tempfile
 import time
@@ -22,7 +21,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from orchestrator.records import query as Q
+from orchestrator.records import winner
 from orchestrator.review import plots as sweep_plots
 from orchestrator.records.record import Kind, Status, TrialRecord
 from orchestrator.review.tracking_lines import (MAX_TAG, PROGRESS, epoch_ms, flag, line_key, params_of,
@@ -119,11 +118,12 @@ class Tracker:
         self._sweep_names[run_id] = sweep_name
         return run_id
 
-    def log_trial(self, parent_run_id: str, record: TrialRecord, progress: bool = True) -> str:
+    def log_trial(self, parent_run_id: str, record: TrialRecord, best_s: float | None = None) -> str:
         """One child run for one trial record; an already-logged (trial, kind, repeat) returns the existing run.
 
-        A new baseline or trial record also extends the parent's per-trial history (``PROGRESS``), unless
-        ``progress`` is off (``reconcile`` writes that history itself, in ledger order)."""
+        Given ``best_s`` (the best config's figure with this record counted, orchestrator.records.winner.best),
+        a new baseline or trial record also extends the parent's per-trial history (``PROGRESS``); ``reconcile``
+        writes that history itself, in ledger order."""
         trial, kind = record.trial, record.kind.value
         for run in self._children(parent_run_id, f"tags.\"steptune.trial\" = {_q(str(trial))} "
                                                  f"and tags.\"steptune.kind\" = {_q(kind)}"):
@@ -133,9 +133,8 @@ class Tracker:
                 return run.info.run_id
             self.client.delete_run(run.info.run_id)  # half-logged before a crash: log it again, whole
         run_id = self._create_child(parent_run_id, record)
-        if progress and record.kind in (Kind.BASELINE, Kind.TRIAL):
-            best = [m.value for m in self.client.get_metric_history(parent_run_id, PROGRESS[1])]
-            self._log(parent_run_id, {}, {}, {}, progress_points(record, min(best, default=math.inf)))
+        if best_s is not None and record.kind in (Kind.BASELINE, Kind.TRIAL):
+            self._log(parent_run_id, {}, {}, {}, progress_points(record, best_s))
         return run_id
 
     def reconcile(self, parent_run_id: str, records: list[TrialRecord]) -> int:
@@ -147,20 +146,20 @@ class Tracker:
         done = {run_key(r) for r in self._children(parent_run_id, "") if r.info.status in _DONE}
         missing = [r for r in records if line_key(r) not in done]
         for r in missing:
-            self.log_trial(parent_run_id, r, progress=False)
+            self.log_trial(parent_run_id, r)
         have = {k: {m.step for m in self.client.get_metric_history(parent_run_id, k)} for k in PROGRESS}
-        points, best = [], math.inf
-        for r in Q.measured(records):  # ledger order is finishing order: the best as it was when each line landed
-            for name, step, value in progress_points(r, best):
-                best = min(best, value) if name == PROGRESS[1] else best
-                if step not in have[name]:
-                    points.append((name, step, value))
+        points = []
+        for i, r in enumerate(records):  # ledger order is finishing order: the best as it was when each line landed
+            if r.kind not in (Kind.BASELINE, Kind.TRIAL):
+                continue
+            best = winner.best(records[:i + 1])
+            points += [p for p in progress_points(r, best.step_time_s if best else None) if p[1] not in have[p[0]]]
         if points:
             self._log(parent_run_id, {}, {}, {}, points)
-        top = Q.best_of(records)
+        top = winner.best(records)
         if top is not None and self.client.get_run(parent_run_id).data.tags.get("steptune.best_trial") != str(
                 top.trial):
-            self.log_best(parent_run_id, top)
+            self.log_best(parent_run_id, top.record)
         return len(missing)
 
     def end_sweep(self, parent_run_id: str, error: BaseException) -> None:
@@ -186,7 +185,8 @@ class Tracker:
         return run_id
 
     def log_best(self, parent_run_id: str, record: TrialRecord) -> None:
-        """The best record so far, as tags on the parent (its step time is the ``best_step_time_s`` history)."""
+        """The best config's trial line (orchestrator.records.winner.best), as tags on the parent (its figure is
+        the ``best_step_time_s`` history)."""
         # The ledger is written before MLflow, so a record never carries its run id: find the child by its tags.
         run_id = next((r.info.run_id for r in self._children(
             parent_run_id, f"tags.\"steptune.trial\" = {_q(str(record.trial))} "
@@ -205,6 +205,12 @@ class Tracker:
             target = None if tag == "none" else float(tag)
         else:
             numeric["target_step_time_s"] = float(target)
+        # The answer's figure after the re-measurements, as the latest best_step_time_s point (MLflow shows the
+        # point with the highest step, then the latest time): what the summary and `export` name.
+        best = summary.get("best") or {}
+        final = [] if best.get("step_time_s") is None else [(PROGRESS[1], max(
+            (m.step for m in self.client.get_metric_history(parent_run_id, PROGRESS[1])), default=best["trial"]),
+            float(best["step_time_s"]))]
         points = [plot_point(r) for r in self._children(parent_run_id, "")]
         with tempfile.TemporaryDirectory(prefix="steptune-mlflow-") as tmp:
             out = Path(tmp)
@@ -217,7 +223,8 @@ class Tracker:
                 "steptune.sweep", "")
             (out / "summary.md").write_text(summary_md(name, summary, table_text, pictures, notes))
             self.client.log_artifacts(parent_run_id, tmp)
-        self._log(parent_run_id, numeric, {}, {} if target is None else {"steptune.target_s": repr(float(target))})
+        self._log(parent_run_id, numeric, {}, {} if target is None else {"steptune.target_s": repr(float(target))},
+                  final)
         self.client.set_terminated(parent_run_id, "FINISHED")
 
     def ui_command(self) -> str:

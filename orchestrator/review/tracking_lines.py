@@ -19,9 +19,11 @@ from orchestrator.review.timeline import render_timeline
 from trainer.config import TrainConfig, flatten
 
 MAX_TAG = 5000
-# The parent's per-trial history: a trial's own step time and the best so far, step = trial number. With
-# target_step_time_s these are the parent's only metrics, so its chart view is the sweep converging (every
-# metric is a chart there; the baseline's and the best trial's other numbers are on their own child runs).
+# The parent's per-trial history: a trial's own step time and the best config's figure after it (the median
+# of its runs, orchestrator.records.winner.best), step = trial number; the sweep's end adds the answer's final
+# figure, after its re-measurements, as the latest point. With target_step_time_s these are the parent's only
+# metrics, so its chart view is the sweep converging (every metric is a chart there; the baseline's and the
+# best trial's other numbers are on their own child runs).
 PROGRESS = ("step_time_s", "best_step_time_s")
 
 
@@ -38,14 +40,11 @@ def run_key(run) -> tuple[str, str, str]:
     return t.get("steptune.trial", ""), kind, t.get("steptune.repeat", "1") if kind == "confirm" else ""
 
 
-def progress_points(record: TrialRecord, best: float) -> list[tuple[str, int, float]]:
-    """The parent's history points for one baseline/trial record, given the best step time before it."""
+def progress_points(record: TrialRecord, best_s: float | None) -> list[tuple[str, int, float]]:
+    """The parent's history points for one baseline/trial record, given the best config's figure after it."""
     trial, own = record.trial, record.metrics.step_time_s
-    points = []
-    if record.status is Status.OK and own is not None:  # usable records only, as records_query.best_of
-        points.append((PROGRESS[0], trial, float(own)))
-        best = min(best, float(own))
-    return points + ([(PROGRESS[1], trial, best)] if best < math.inf else [])
+    points = [(PROGRESS[0], trial, float(own))] if record.status is Status.OK and own is not None else []
+    return points + ([(PROGRESS[1], trial, float(best_s))] if best_s is not None else [])
 
 
 _NAME = {"parallel.pp": "pp", "parallel.dp": "dp", "batch.micro_batch_size": "mbs", "pipeline.schedule": "",
@@ -187,7 +186,8 @@ def summary_md(name: str, summary: dict[str, Any], table_text: str, pictures: li
     out = [f"# steptune sweep `{name}`", "", f"Stopped because: **{summary.get('stopped_because', '-')}**", ""]
     out += [("  " if line.startswith("  ") else "") + f"- {line.strip()}" for line in lines if line.strip()]
     # Fenced: the table's columns are aligned with spaces, and params hold characters Markdown would eat.
-    out += ["", "## Trials", "", "Ranked by step time; every trial is a child run of this one.", "",
+    out += ["", "## Trials", "", "Ranked by the median of each config's runs (one run: that run), the figure the "
+            "summary's best is chosen by; every trial is a child run of this one.", "",
             "```text", table_text.rstrip(), "```", "", "## Pictures", ""]
     out += [f"- `plots/{p}`" for p in pictures] + [f"- skipped: {n}" for n in notes]
     out += ["", "The chart view of this run plots `best_step_time_s` and each trial's `step_time_s` "

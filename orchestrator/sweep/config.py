@@ -33,7 +33,7 @@ PLACEMENTS = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 @dataclass(frozen=True)
 class ConfirmConfig:
     repeats: int = 1
-    """Re-measurements of a config that meets the target and passes parity; all must meet it again."""
+    """Re-runs of a config that meets the target (parity passed); the median of all its runs must still meet it."""
 
 
 @dataclass(frozen=True)

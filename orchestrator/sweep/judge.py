@@ -15,6 +15,7 @@ from typing import Any, Generator
 
 from orchestrator.plan import guided
 from orchestrator.records import query as Q
+from orchestrator.records import winner
 from orchestrator.review import report
 from orchestrator.backends import RunOutcome
 from orchestrator.records.ledger import Ledger
@@ -58,6 +59,8 @@ class Recorder:
         self.progress = progress
         self.records = records
         """The ledger's records, read before the study was opened; each finished job's is appended."""
+        self.best_trial: int | None = None
+        """The answer last mirrored to MLflow's parent (its tags and ``best_step_time_s``)."""
         self.bookkeeping: list[float] = []
         """Driver seconds per finished trial after its ledger line (Optuna, MLflow): not in any trial's wall."""
         self.tracker, self.parent = self._open_tracker()
@@ -68,8 +71,9 @@ class Recorder:
 
     @property
     def best_s(self) -> float | None:
-        best = Q.best_of(self.records)
-        return best.metrics.step_time_s if best else None
+        """The best config's figure so far (orchestrator.records.winner): what pruning and the progress line use."""
+        best = winner.best(self.records)
+        return best.step_time_s if best else None
 
     # ---- MLflow -------------------------------------------------------------------------------
 
@@ -131,9 +135,11 @@ class Recorder:
             self.tell(job.trial, record, same)
             job.told = True
         # MLflow synchronously, between trials: in the background it would take CPU from the ranks being measured.
-        self.track("log_trial", record)
-        if Q.best_of(self.records) is record:
-            self.track("log_best", record)
+        best = winner.best(self.records)
+        self.track("log_trial", record, best.step_time_s if best else None)
+        if best is not None and best.trial != self.best_trial:  # a re-measurement can hand the lead to another
+            self.track("log_best", best.record)
+            self.best_trial = best.trial
         self.bookkeeping.append(time.perf_counter() - t_book)
         best = report.secs(self.best_s, self.backend.predicted)
         self.progress.finished(record, len(Q.measured(self.records)), best, self.cfg.target.describe(base))

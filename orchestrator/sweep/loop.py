@@ -71,6 +71,10 @@ class Sweep:
     def best_s(self) -> float | None:
         return self.recorder.best_s
 
+    @property
+    def target_s(self) -> float | None:
+        return self.cfg.target.seconds(self.baseline_s)
+
     def recover(self) -> None:
         """Resume: the dead driver's RUNNING trials, a missing baseline, the parity anchor, an unconfirmed winner."""
         if self.records:  # lines a killed driver wrote to the ledger but never mirrored to MLflow
@@ -81,8 +85,8 @@ class Sweep:
         base = Q.baseline_of(self.records)
         if base is not None and base.status == "ok" and base.result is not None:
             self.gate.resume(base.result)
-        # Only a measured winner is confirmed (records_query.unconfirmed): a prediction repeats exactly.
-        pending = Q.unconfirmed(self.records, self.cfg.confirm.repeats)
+        # Only a measured winner is confirmed (records.query.unconfirmed): a prediction repeats exactly.
+        pending = Q.unconfirmed(self.records, self.target_s, self.cfg.confirm.repeats)
         if pending is not None:
             config = self.backend.configs.load(pending.config)
             self.queue.append(self._confirm_job(pending.trial, pending.params, config))
@@ -96,21 +100,19 @@ class Sweep:
         log.info(f"sweep {self.cfg.name}: {self.backend.name} backend on {runner.where if runner else '-'}; "
                  f"target {self.cfg.target.describe(self.baseline_s)}")
         self.drive(runner, t0)
-        summary = report.summarize(self.records, self.cfg.target, self.cfg.confirm.repeats, self.cfg.winner)
+        summary = report.summarize(self.records, self.cfg.target, self.cfg.winner)
         book = self.recorder.bookkeeping
         summary.update(stopped_because=self.stop_reason or "the trial budget is spent", startup_s=startup,
                        mlflow_ui=self.recorder.tracker.open_hint() if self.recorder.tracker else None,
                        group_builds=runner.builds if runner else 0, sweep_wall_s=time.perf_counter() - t0,
                        bookkeeping_median_s=statistics.median(book) if book else None)
-        self.recorder.track("finish_sweep", summary, self.study.study, report.table(self.records))
+        self.recorder.track("finish_sweep", summary, self.study.study, report.table(self.records, self.target_s))
         return summary
 
     def start(self) -> Any:
         """Resume what the ledger and the study hold; the backend's runner, or None when there is nothing to do."""
         self.recover()
-        if (self.cfg.target.seconds(self.baseline_s) is not None
-                and Q.confirmed_winner(self.records, self.cfg.confirm.repeats)):
-            self._target_reached("the target was already met and confirmed")
+        self._check_target("the target was already met and confirmed")
         return None if self.stop_reason and self._repeat_of() is None else self.backend.runner()
 
     def drive(self, runner: Any, t0: float | None = None) -> None:
@@ -255,6 +257,17 @@ class Sweep:
             job.runs.append((yield job.config))
         self._finish(job, outcome)
 
+    def _check_target(self, reason: str | None = None) -> None:
+        """Stop for the target (once search.min_trials are finished) when the best config meets it by the figure
+        it is ranked by, its confirm runs included (orchestrator.records.winner.confirmed): the same figure
+        and config the summary's target verdict names."""
+        top = winner.confirmed(self.records, self.target_s, self.cfg.confirm.repeats)
+        if top is not None:
+            how = "meets the target" if self.cfg.confirm.repeats == 0 else \
+                "met the target, passed parity and was confirmed"
+            self._target_reached(reason or f"trial {top.trial} {how} ({top.describe()} <= "
+                                           f"{report.secs(self.target_s)})")
+
     def _target_reached(self, reason: str | None) -> None:
         """Stop for a met target (``reason``, or the one already held), once search.min_trials are finished."""
         self.target_reason = self.target_reason or reason
@@ -288,21 +301,24 @@ class Sweep:
         rule = self.cfg.winner
         if not self.backend.confirms or sum(r.kind is Kind.REPEAT for r in self.records) >= rule.max_repeats:
             return None
-        runs, first = winner.ledger_runs(self.records)
-        key = winner.next_to_run(runs, rule)
-        if key is None:
-            return None
-        return next(r for r in self.records if r.trial == first[key] and r.kind in (Kind.BASELINE, Kind.TRIAL))
+        ranked = winner.standings(self.records)
+        key = winner.next_to_run(winner.runs_by_key(ranked), rule)
+        return next((s.record for s in ranked if s.key == key), None)
 
     def _confirm_job(self, number: int, params: dict, config: Any) -> Job:
         job = Job("confirm", number, params, config)
 
         def steps() -> Generator[Any, Any, None]:
-            for repeat in range(1, self.cfg.confirm.repeats + 1):
+            # (a resumed confirmation goes on from the repeats the ledger already holds)
+            for repeat in range(len(Q.confirms_of(self.records, number)) + 1, self.cfg.confirm.repeats + 1):
                 job.runs = [(yield config)]
-                if not self._finish(job, job.runs[0], repeat=repeat).meets_target:
+                record = self._finish(job, job.runs[0], repeat=repeat)
+                # The config is judged by its median, this run included: once that misses the target, or a run
+                # fails, no further repeat can confirm it.
+                mine = next((s for s in winner.standings(self.records) if s.trial == number), None)
+                if record.status != "ok" or mine is None or not mine.meets(self.target_s):
                     return
-            self._target_reached(f"trial {number} met the target, passed parity and was confirmed")
+            self._check_target()
 
         job.steps = steps()
         self.progress.started(number, "confirm", params)
@@ -318,7 +334,7 @@ class Sweep:
         # the best plan instead of stopping at the first one under the target, and has nothing to confirm.
         if record.meets_target and job.kind in ("baseline", "trial") and self.backend.confirms:
             if self.cfg.confirm.repeats == 0:
-                self._target_reached(f"trial {job.number} meets the target (confirm.repeats=0)")
+                self._check_target()
             else:
                 self.queue.append(self._confirm_job(job.number, job.params, job.config))
         return record

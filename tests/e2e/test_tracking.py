@@ -12,6 +12,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from orchestrator.records import winner
 from orchestrator.records.record import Metrics, TrialRecord
 from orchestrator.review.tracking import Tracker, tracking_uri_for
 from trainer.config import TrainConfig, apply_overrides, flatten
@@ -71,6 +72,15 @@ def make_record(trial, kind, step_time=0.05, status="ok", parity=True, backend="
             "overhead_s": 0.2, "started_at": time.time() - 2, "finished_at": time.time()})
 
 
+def log_ledger(tracker, parent: str, records: list[TrialRecord]) -> list[str]:
+    """Log each line as the sweep's recorder does: with the best config's figure once it is counted."""
+    ids = []
+    for i, r in enumerate(records):
+        best = winner.best(records[:i + 1])
+        ids.append(tracker.log_trial(parent, r, best.step_time_s if best else None))
+    return ids
+
+
 def _png_ok(client: MlflowClient, run_id: str, name: str, tmp: Path) -> bool:
     local = Path(client.download_artifacts(run_id, name, str(tmp)))
     return local.read_bytes()[:8] == PNG and mpimg.imread(local).shape[0] > 100
@@ -97,7 +107,7 @@ def test_sweep_parent_children_params_metrics_artifacts(store, tmp_path):
         make_record(4, "trial", 9.3, backend="model", parallel__pp=2),
         make_record(1, "confirm", 0.056, parallel__dp=2, batch__micro_batch_size=2),
     ]
-    ids = [tracker.log_trial(parent, r) for r in records]
+    ids = log_ledger(tracker, parent, records)
     tracker.log_best(parent, records[1])
     # Resume: a new Tracker, the same sweep name and the same ledger lines change nothing.
     again = Tracker(tracking_uri_for(results), "steptune-test")
@@ -108,7 +118,8 @@ def test_sweep_parent_children_params_metrics_artifacts(store, tmp_path):
     dist = {"parallel.dp": optuna.distributions.IntDistribution(1, 2)}
     for value, dp in ((0.10, 1), (0.055, 2), (0.045, 1), (0.07, 2)):
         study.add_trial(optuna.trial.create_trial(params={"parallel.dp": dp}, distributions=dist, value=value))
-    again.finish_sweep(parent, {"best_step_time_s": 0.056, "n_trials": 5, "winner": "trial 1"}, study, "the table\n")
+    best = winner.summary(records)  # trial 1: 55 and 56 ms, the median of its trial and confirm runs
+    again.finish_sweep(parent, {"best": best, "n_trials": 5}, study, "the table\n")
 
     client = MlflowClient(tracking_uri_for(results))
     p = client.get_run(parent)
@@ -118,7 +129,8 @@ def test_sweep_parent_children_params_metrics_artifacts(store, tmp_path):
     assert p.data.metrics["target_step_time_s"] == 0.06
     # The parent's metrics are its per-trial history and the target: its chart view is the sweep converging.
     assert set(p.data.metrics) == {"target_step_time_s", "step_time_s", "best_step_time_s"}
-    assert p.data.metrics["best_step_time_s"] == 0.055  # trial 4's 9.3 s (a prediction) is the latest step
+    # The answer's figure after its confirm run is the latest point (trial 4's 9.3 s, a prediction, is no best).
+    assert best["trial"] == 1 and p.data.metrics["best_step_time_s"] == pytest.approx(0.0555)
     top = {a.path for a in client.list_artifacts(parent)}
     assert {"sweep_config.yaml", "summary.md", "summary.json", "plots"} <= top
     plots = {a.path for a in client.list_artifacts(parent, "plots")}

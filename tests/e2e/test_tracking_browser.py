@@ -24,6 +24,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_tracking_resume import _ledger  # noqa: E402  (a baseline, trials, a failed one, two confirms)
+from test_tracking import log_ledger  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
@@ -93,8 +94,7 @@ def ui(mlflow_ui):
     """The served store (tests/e2e/conftest.py) with the sweep "browsed": a baseline, trials, a failed one."""
     base, tracker = mlflow_ui
     parent = tracker.start_sweep("browsed", {"search": {"n_trials": 5}}, 0.06)
-    for line in _ledger("browsed"):
-        tracker.log_trial(parent, line)
+    log_ledger(tracker, parent, _ledger("browsed"))
     tracker.log_best(parent, _ledger("browsed")[4])
     tracker.finish_sweep(parent, {"n_trials": 5, "stopped_because": "trial 4 met the target"}, None, "table")
     return base, tracker, parent

@@ -22,7 +22,7 @@ from orchestrator.sweep.loop import SweepError, run_sweep
 from orchestrator.review.tracking import Tracker, tracking_uri_for
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_tracking import make_record  # noqa: E402  (the same synthetic ledger lines as the store test)
+from test_tracking import log_ledger, make_record  # noqa: E402  (the same synthetic ledger lines as the store test)
 
 pytestmark = pytest.mark.e2e
 ROOT = REPO_ROOT  # the checkout under test, for the driver subprocesses
@@ -74,7 +74,7 @@ def test_parent_history_names_and_markdown_summary(store):
     _, tracker = store
     parent = tracker.start_sweep("live", {"search": {"n_trials": 5}}, 0.06)
     lines = _ledger("live")
-    ids = [tracker.log_trial(parent, r) for r in lines]
+    ids = log_ledger(tracker, parent, lines)
     tracker.finish_sweep(parent, {"n_trials": 5, "stopped_because": "trial 4 met the target"}, None,
                          "rank  trial  step time\n1     4      50.0 ms\n")
     client = tracker.client
@@ -99,8 +99,8 @@ def test_reconcile_logs_what_a_killed_driver_missed_once(store):
     parent = tracker.start_sweep("killed", {}, 0.06)
     # The driver died right after writing trial 3's line and the second confirm's to the ledger (before MLflow),
     # and once between creating trial 4's child run and ending it.
-    for r in lines[:3] + [lines[5]]:
-        tracker.log_trial(parent, r)
+    log_ledger(tracker, parent, lines[:3])
+    tracker.log_trial(parent, lines[5])
     half = tracker.client.create_run(tracker.experiment_id, tags={
         "mlflow.parentRunId": parent, "steptune.trial": "4", "steptune.kind": "trial"}).info.run_id
 

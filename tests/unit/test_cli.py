@@ -117,7 +117,7 @@ def test_a_long_reason_is_one_line_on_the_progress_line_and_in_the_table(tmp_pat
     assert shown.count("\n") == 1 and "The actor died unexpectedly before finishing this task" in shown
     assert "class_name" not in shown
     rows = table([_line(0, "baseline", 0.5), line]).splitlines()
-    assert len(rows) == 4 and "lost a rank: The actor died" in rows[2] and "class_name" not in rows[2]
+    assert len(rows) == 5 and "lost a rank: The actor died" in rows[2] and "class_name" not in rows[2]
     assert one_line("x" * 200, 50) == "x" * 47 + "..." and one_line(None) == ""
 
 

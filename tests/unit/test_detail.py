@@ -170,7 +170,7 @@ def test_a_lost_detail_file_costs_the_pictures_only(written, artifacts, damage):
         assert tracking_lines.trial_metrics(a)[0] == tracking_lines.trial_metrics(b)[0]
     target = parse_target({"relative_to_baseline": 0.5})
     assert report.table(lean) == report.table(recs)
-    assert report.summarize(lean, target, 1) == report.summarize(recs, target, 1)
+    assert report.summarize(lean, target) == report.summarize(recs, target)
     assert ledger_records(lean, CLUSTER)[:2] == ledger_records(recs, CLUSTER)[:2]
     # ... and the parity anchor a resumed sweep takes from the baseline's line.
     assert parity.reference_from_result(lean[0].result) == parity.reference_from_result(recs[0].result)

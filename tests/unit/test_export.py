@@ -287,10 +287,11 @@ def ledger(tmp_path) -> Path:
     return path
 
 
-def test_winner_prefers_the_confirmed_parity_clean_trial(ledger, tmp_path):
+def test_the_default_is_the_sweeps_best_config(ledger, tmp_path):
     record, forced = pick(read_ledger(ledger), None, force=False)
-    # Trial 2 is faster but failed parity, trial 3 ran out of memory, trial 4 is unconfirmed.
-    assert (record.trial, record.kind, forced) == (1, "confirm", None)
+    # Trial 2 is faster but failed parity, trial 3 ran out of memory; trial 4's single run (50 ms) is under
+    # trial 1's median (60 and 62 ms: 61 ms). The rule is the sweep summary's (orchestrator.records.winner).
+    assert (record.trial, record.kind, forced) == (4, "trial", None)
 
 
 def test_canonical_reference_runs_are_no_candidates(ledger):
@@ -299,16 +300,16 @@ def test_canonical_reference_runs_are_no_candidates(ledger):
         text = f.read()
     ledger.write_text(text[:text.rindex("\n") + 1] + json.dumps(canonical.to_line()) + "\n")
     assert Kind.CANONICAL not in {r.kind for r in read_ledger(ledger)}
-    assert pick(read_ledger(ledger), None, force=False)[0].kind is Kind.CONFIRM
+    assert pick(read_ledger(ledger), None, force=False)[0].trial == 4
 
 
 def test_round_trip_trainer_yaml_and_megatron_args(ledger, tmp_path, monkeypatch):
     # The run id comes from the sweep's MLflow store (tests/e2e/test_tracking_server.py looks it up for real).
     monkeypatch.setattr(export, "mlflow_run_of", lambda path, r: f"run{r.trial}{r.kind.value}")
     out = tmp_path / "export"
-    paths = export_trial(ledger, None, out)
+    paths = export_trial(ledger, 1, out)
     assert [p.name for p in paths] == ["trainer.yaml", "megatron_args.txt", "summary.md"]
-    record = [r for r in read_ledger(ledger) if r.kind is Kind.CONFIRM][0]
+    record = [r for r in read_ledger(ledger) if r.trial == 1 and r.kind is Kind.TRIAL][0]
     expected = TrainConfig.from_dict(record.config)
     assert TrainConfig.from_dict(yaml.safe_load((out / "trainer.yaml").read_text())) == expected
     # Exactly what `python -m trainer --config trainer.yaml` loads.
@@ -317,8 +318,9 @@ def test_round_trip_trainer_yaml_and_megatron_args(ledger, tmp_path, monkeypatch
     assert flag(args, "--decoder-first-pipeline-num-layers") == ["3"]
     assert flag(args, "--ddp-bucket-size") == ["1000000"]
     summary = (out / "summary.md").read_text()
-    assert "run1confirm" in summary and "passed" in summary
-    assert "| step time (s) | 0.1 | 0.062 | 0.62x |" in summary
+    assert "run1trial" in summary and "passed" in summary
+    assert "rank 2 of 3 configs, by median of 2 runs 61.0 ms [60.0, 62.0] ms" in summary
+    assert "| step time (s) | 0.1 | 0.06 | 0.6x |" in summary
     assert "| exposed dp communication (s, max rank) | 0.004 | 0.004 | 1x |" in summary  # from result.phases
     assert "`parallel.pp`: 1 -> **2**" in summary
     assert "not mapped: run.device=cpu" in summary and "converted: data_parallel.bucket_mb=4" in summary
@@ -550,4 +552,5 @@ def test_the_winner_is_the_lowest_median_and_its_trial_line_is_exported(tmp_path
     assert (record.trial, record.kind) == (2, Kind.TRIAL)  # not the fastest single run, nor a repeat line
     export_trial(path, None, tmp_path / "o")
     summary = (tmp_path / "o" / "summary.md").read_text()
-    assert "trial 2 (trial)" in summary and "runs of this config: 3, median 61.0 ms [60.0, 62.0]" in summary
+    assert "trial 2 (trial)" in summary
+    assert "rank 1 of 3 configs (the sweep's best), by median of 3 runs 61.0 ms [60.0, 62.0] ms" in summary

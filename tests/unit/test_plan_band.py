@@ -111,7 +111,7 @@ def test_summary_says_robust_or_point_only(target, want, words):
     records = [_line(0, 12.0, 14.0, kind="baseline"), _line(2, 8.5, 9.8), _line(3, 8.7, 9.2)]
     v = verdict(records, target)
     assert v["verdict"] == want and v["point_trial"] == 2 and v["robust_trial"] == 3
-    s = report.summarize(records, parse_target({"step_time_s": target}), 1)
+    s = report.summarize(records, parse_target({"step_time_s": target}))
     text = report.summary_text(s)
     assert words in text and "efficiency set: blind (note)" in text
     assert "robust pick (lowest upper end): trial 3" in text

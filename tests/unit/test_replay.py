@@ -76,7 +76,7 @@ def test_the_sweep_summary_reports_the_same_rule_from_a_ledger():
     # medians 0.09 vs 0.12; the intervals still touch, but each config has its min_runs: settled
     assert (w["trial"], w["runs"], w["remeasure_trials"]) == (2, 3, [])
     assert winner.summary(recs)["remeasure_trials"] == [2, 1]  # the default rule (4 runs) asks for one more each
-    assert "trial 2" in winner.summary_text(w)
+    assert winner.settling_text(w) is None  # settled, with no re-measurement (these are confirm runs)
 
 
 def test_the_landscape_resolution_is_one_without_noise_and_falls_with_overlapping_runs():

@@ -152,7 +152,8 @@ def test_a_winner_is_confirmed_then_the_target_stops_the_sweep(config):
     sweep, runner = run_loop(cfg)
     confirms = [r for r in sweep.records if r.kind == "confirm"]
     assert [(c.trial, c.repeat, c.meets_target) for c in confirms] == [(1, 1, True), (1, 2, True)]
-    assert sweep.stop_reason == "trial 1 met the target, passed parity and was confirmed"
+    assert sweep.stop_reason == ("trial 1 met the target, passed parity and was confirmed "
+                                 "(median of 3 runs 500.0 ms <= 600.0 ms)")
     assert [r.kind for r in sweep.records][-2:] == ["confirm", "confirm"]  # nothing ran after the confirmation
     assert sweep.study.finished() == 2  # baseline + the winner: far below search.n_trials=6
 
@@ -169,7 +170,8 @@ def test_a_confirm_run_that_misses_the_target_does_not_stop_the_sweep(config):
     cfg = config("target.step_time_s=0.6", "confirm.repeats=2", enqueue=[{"batch.micro_batch_size": 4}])
     sweep, _ = run_loop(cfg, FakeRunner(pace))
     confirms = [r for r in sweep.records if r.kind == "confirm"]
-    assert [(c.repeat, c.meets_target) for c in confirms] == [(1, False)]  # the second repeat is not run
+    # The config's median (0.5, 0.9: 0.7 s) misses the target: the second repeat is not run.
+    assert [(c.repeat, c.meets_target) for c in confirms] == [(1, False)]
     assert sweep.stop_reason is None and sweep.study.finished() == 4  # the budget ended it
 
 
@@ -177,7 +179,7 @@ def test_confirm_repeats_zero_stops_at_the_first_trial_under_the_target(config):
     cfg = config("target.step_time_s=0.6", "confirm.repeats=0", enqueue=[{"batch.micro_batch_size": 4}])
     sweep, _ = run_loop(cfg)
     assert not [r for r in sweep.records if r.kind == "confirm"]
-    assert sweep.stop_reason == "trial 1 meets the target (confirm.repeats=0)"
+    assert sweep.stop_reason == "trial 1 meets the target (single run 500.0 ms <= 600.0 ms)"
 
 
 def test_min_trials_keeps_searching_after_the_confirmation(config):
@@ -188,7 +190,7 @@ def test_min_trials_keeps_searching_after_the_confirmation(config):
     assert kinds[:3] == ["baseline", "trial", "confirm"] and kinds[3:] == ["trial"] * 3
     assert sweep.study.finished() == 5
     assert sweep.stop_reason == ("trial 1 met the target, passed parity and was confirmed "
-                                 "(after search.min_trials=5)")
+                                 "(median of 2 runs 500.0 ms <= 600.0 ms) (after search.min_trials=5)")
 
 
 def test_resume_tells_a_recorded_running_trial_and_requeues_an_unrecorded_one(config):
@@ -233,7 +235,8 @@ def test_resume_queues_the_confirm_run_of_an_unconfirmed_winner(config):
     finally:
         again.study.release()
     assert [(r.kind, r.trial, r.repeat) for r in again.records][-1] == ("confirm", 1, 1)
-    assert again.stop_reason == "trial 1 met the target, passed parity and was confirmed"
+    assert again.stop_reason == ("trial 1 met the target, passed parity and was confirmed "
+                                 "(median of 2 runs 500.0 ms <= 600.0 ms)")
 
 
 def test_resume_of_a_new_or_failed_baseline_queues_the_baseline(config):
@@ -314,7 +317,7 @@ def test_a_leader_by_one_lucky_run_loses_to_the_better_median(config):
     from orchestrator.records import winner
 
     w = winner.summary(sweep.records, cfg.winner)
-    assert (w["trial"], w["median_s"], w["remeasure_trials"]) == (0, 0.59, [])
+    assert (w["trial"], w["step_time_s"], w["remeasure_trials"]) == (0, 0.59, [])
 
 
 def test_the_repeat_budget_bounds_the_re_measurements_and_the_summary_says_what_is_unsettled(config):
@@ -324,7 +327,7 @@ def test_the_repeat_budget_bounds_the_re_measurements_and_the_summary_says_what_
     from orchestrator.records import winner
 
     w = winner.summary(sweep.records, cfg.winner)
-    assert w["remeasure_trials"] and "not settled" in winner.summary_text(w)
+    assert w["remeasure_trials"] and "not settled" in winner.settling_text(w)
     # A resumed sweep with a larger budget goes on from the ledger where this one stopped.
     more = config("search.n_trials=2", "winner.max_repeats=8", "winner.min_runs=3", enqueue=[{"batch.micro_batch_size": 4}])
     again, runner = run_loop(more, FakeRunner(scripted({2: [0.58, 0.59], 4: [0.72]})))
@@ -355,3 +358,57 @@ def test_the_wall_time_budget_also_ends_the_re_measurements(config, monkeypatch)
     from orchestrator.records import winner
 
     assert winner.summary(sweep.records, cfg.winner)["remeasure_trials"] == [1, 0]
+
+
+def test_one_answer_when_the_fastest_single_run_is_not_the_best_median(config, monkeypatch):
+    """Trial 1's first run (0.55 s) is the fastest single run, but its confirm and re-measurements (0.70, 0.72)
+    make it a 0.70 s config; the baseline's runs (0.60, 0.58, 0.59) make it 0.59 s. Every reader names trial 0,
+    by that median: the summary, its target verdict, the table's rank 1 and its * mark, `export`'s default and
+    the MLflow parent's best_step_time_s."""
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.export import bundle
+    from orchestrator.review import report
+
+    cfg = config("search.n_trials=2", "winner.max_repeats=8", "winner.min_runs=3", "target.step_time_s=0.595",
+                 "confirm.repeats=1", "tracking.enabled=true", enqueue=[{"batch.micro_batch_size": 4}])
+    runner = FakeRunner(scripted({2: [0.60, 0.58, 0.59], 4: [0.55, 0.70, 0.72]}))
+    sweep = open_sweep(cfg)
+    sweep.backend.runner = lambda: runner
+    try:
+        summary = sweep.run()
+    finally:
+        sweep.study.release()
+    # The single run that met the target was confirmed by its median, which missed it: no early stop.
+    assert [(r.kind, r.trial, r.metrics.step_time_s) for r in sweep.records if r.kind == "confirm"] == \
+        [("confirm", 1, 0.70)]
+    assert sweep.stop_reason is None
+
+    assert (summary["best"]["trial"], summary["best"]["step_time_s"], summary["best"]["runs"]) == (0, 0.59, 3)
+    assert summary["target_met"]
+    text = report.summary_text(summary)
+    assert "best (trial 0): median of 3 runs 590.0 ms [580.0 ms, 600.0 ms] per update" in text
+    assert "target met: trial 0, median of 3 runs 590.0 ms <= 595.0 ms" in text
+    assert "fastest single run: trial 1, 550.0 ms (not the best: that config's median of 3 runs 700.0 ms)" in text
+    assert "noise-aware winner" not in text and "unconfirmed" not in text
+
+    rows = report.table(sweep.records, summary["target_s"]).splitlines()
+    assert rows[0].split()[:5] == ["rank", "trial", "kind", "median", "(runs)"]
+    first, second = rows[1].split(), rows[2].split()
+    assert first[:7] == ["1", "0", "baseline", "590.0", "ms", "(3)", "600.0"] and "ok *" in rows[1]
+    assert second[:7] == ["2", "1", "trial", "700.0", "ms", "(3)", "550.0"] and "*" not in rows[2]
+
+    monkeypatch.setattr(bundle, "mlflow_run_of", lambda path, r: None)
+    ledger = cfg.results_dir / "trials.jsonl"
+    assert bundle.pick(bundle.read_ledger(ledger), None, force=False)[0].trial == 0
+    bundle.export_trial(ledger, None, cfg.results_dir / "export")
+    md = (cfg.results_dir / "export" / "summary.md").read_text()
+    assert md.startswith("# steptune export: sweep `t`, trial 0 (baseline)")
+    assert "rank 1 of 2 configs (the sweep's best), by median of 3 runs 590.0 ms" in md
+
+    client = MlflowClient(cfg.mlflow_uri)
+    parent = client.search_runs([client.get_experiment_by_name("steptune").experiment_id],
+                                "tags.\"steptune.role\" = 'parent'")[0]
+    assert parent.data.metrics["best_step_time_s"] == 0.59 and parent.data.tags["steptune.best_trial"] == "0"
+    assert "best (trial 0): median of 3 runs" in Path(client.download_artifacts(
+        parent.info.run_id, "summary.md")).read_text()
