@@ -111,6 +111,10 @@ class Backend(Protocol):
     def reference_run(self, gate: Any, baseline: Any) -> Any | None:
         """The config to judge the baseline against before it becomes the reference (None: none)."""
 
+    def suspect_runs(self, gate: Any, baseline: Any, outcome: RunOutcome) -> list[tuple[str, Any]]:
+        """When the baseline's run disagrees with its reference run: (family, config with that family set back, or
+        why it cannot be) to run before the sweep stops, to name the family to blame ([]: none)."""
+
     def judge(self, kind: str, outcome: RunOutcome, gate: Any, runs: Sequence[RunOutcome]) -> Judgement: ...
 
     def guided_sampler(self, base: Any, records: Callable[[], Sequence[Any]]) -> Any:

@@ -109,6 +109,9 @@ class PlannerPredictions:
     def reference_run(self, gate: Any, baseline: Any) -> None:
         return None  # no result to compare: parity is a property of measured runs
 
+    def suspect_runs(self, gate: Any, baseline: Any, outcome: RunOutcome) -> list:
+        return []  # nothing to blame: a prediction has no parity
+
     def judge(self, kind: str, outcome: RunOutcome, gate: Any, runs: Sequence[RunOutcome]) -> Judgement:
         peak = (outcome.prediction or {}).get("peak_memory_bytes")
         return Judgement(*within_budget(outcome.status, outcome.reason, peak, self.cfg.resources.memory_budget_gb))

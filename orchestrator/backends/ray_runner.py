@@ -52,13 +52,15 @@ class RayRunner:
         """
         from orchestrator.backends.workers import ClusterTooSmall, GroupStartError
 
+        # A config of fewer ranks (the canonical run, a suspect of a refused baseline) runs beside rank 0.
+        local = cfg.world_size < self.groups[slot].world_size
         try:
-            self.groups[slot].submit(cfg.to_dict(), self.timeout_s)
+            self.groups[slot].submit(cfg.to_dict(), self.timeout_s, local)
         except ClusterTooSmall:
             raise  # the alive nodes cannot hold the group: another try cannot help
         except GroupStartError as e:
             log.warning(f"rebuilding worker group {slot} failed ({e}); trying once more")
-            self.groups[slot].submit(cfg.to_dict(), self.timeout_s)
+            self.groups[slot].submit(cfg.to_dict(), self.timeout_s, local)
         self._cfgs[slot] = cfg
 
     def poll(self, timeout_s: float) -> list[tuple[int, RunOutcome]]:

@@ -107,13 +107,25 @@ class RayTrials:
         return RayRunner(self.cfg, self.configs.device)
 
     def reference_run(self, gate: trust.ParityGate, baseline: TrainConfig) -> TrainConfig | None:
-        return gate.canonical_to_run(baseline)
+        """The canonical run; its microbatch the whole batch, or the largest the memory pre-filter lets fit."""
+        prefilter = self.prefilter
+        if prefilter is None:
+            return gate.canonical_to_run(baseline)
+        return gate.canonical_to_run(baseline, lambda cfg: not prefilter.verdict(cfg).skip)
+
+    def suspect_runs(self, gate: trust.ParityGate, baseline: TrainConfig,
+                     outcome: RunOutcome) -> list[tuple[str, TrainConfig | str]]:
+        """A baseline that disagrees with the canonical run: its active families, each set back alone."""
+        if outcome.status != "ok" or outcome.result is None:
+            return []
+        return gate.suspects(baseline, outcome.result)
 
     def judge(self, kind: str, outcome: RunOutcome, gate: trust.ParityGate,
               runs: Sequence[RunOutcome]) -> Judgement:
         """Parity against the trust chain (canonical -> baseline -> trials), then the memory budget."""
         status, reason, verdict = outcome.status, outcome.reason, None
-        if status == "ok" and outcome.result is not None:
+        # A pruned trial is judged too, on its probe's updates: a layout bug of a slow config must not go unseen.
+        if status in ("ok", "pruned") and outcome.result is not None:
             try:
                 if kind == "canonical":
                     verdict = gate.judge_canonical(outcome.result)
@@ -126,6 +138,9 @@ class RayTrials:
                 status, reason, verdict = "infeasible", f"parity: {e}", e.verdict
             if verdict is not None and not verdict["passed"] and status == "ok":
                 status, reason = "infeasible", f"parity: {parity.describe_failure(verdict)} (vs the reference)"
+            elif verdict is not None and not verdict["passed"] and status == "pruned":  # parity-failed, not just slow
+                status, reason = "infeasible", (f"parity: {parity.describe_failure(verdict)} (vs the reference, on "
+                                                f"the probe's {verdict['steps']} updates); also {reason}")
         if kind != "canonical":  # a reference run: no budget applies to it
             peak = outcome.result.summary.peak_memory_bytes if outcome.result is not None else None
             status, reason = within_budget(status, reason, peak, self.cfg.resources.memory_budget_gb)
@@ -142,11 +157,14 @@ class RayTrials:
             "overhead_s": sum(r.wall_s for r in runs) - sum(r.work_s for r in runs) if runs else None}
         if outcome.placement:  # where each rank ran: host, ip, Ray node id, GPU ids (rank order)
             fields["placement"] = outcome.placement
-        probe = runs[0] if kind == "trial" and (len(runs) == 2 or status == "pruned") else None
-        if probe is not None and probe.result is not None:
+        # A probe ran fewer updates than the config asks for: the trial's first run, when it was pruned (or
+        # failed parity on it) or went on to its full measurement.
+        probe = runs[0] if kind == "trial" and runs and runs[0].result is not None \
+            and len(runs[0].result.steps) < config.run.steps else None
+        if probe is not None:
             n = len(probe.result.steps)
             fields["probe"] = Probe(steps=n, step_time_s=probe.result.summary.step_time_s, wall_s=probe.wall_s,
-                                    skipped_steps=config.run.steps - n if status == "pruned" else 0)
+                                    skipped_steps=config.run.steps - n if outcome is probe else 0)
         return fields
 
 

@@ -179,6 +179,26 @@ class RankWorker:
             trace = Path(result.trace_file).read_bytes() if result.trace_file else None
         return result, trace
 
+    def run_local(self, cfg: dict[str, Any]) -> tuple[list[RankResult], None]:
+        """A config of fewer ranks than the group (the canonical run: one rank), as its own world of local
+        processes beside this rank, while the group's other ranks idle. Its processes run this job's worker
+        setup hook (Ray's ``worker_process_setup_hook``) as every other worker process of the job does."""
+        from trainer.config import TrainConfig
+        from trainer.launch import spawn
+
+        return spawn(TrainConfig.from_dict(cfg), setup=_setup_hook()).ranks, None
+
+
+def _setup_hook() -> Any:
+    """The job's ``worker_process_setup_hook`` when it is named by module path; None otherwise."""
+    import importlib
+
+    name = (ray.get_runtime_context().runtime_env or {}).get("worker_process_setup_hook")
+    if not isinstance(name, str) or "." not in name:
+        return None
+    module, _, attr = name.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
 
 @dataclass
 class RunDone:
@@ -208,6 +228,7 @@ class WorkerGroup:
         self.builds = 0
         """Times this group formed its world: 1 for a whole sweep without failures."""
         self._refs: list[Any] = []
+        self._local = False
         self._submitted = self._deadline = self._timeout = 0.0
 
     @property
@@ -259,12 +280,15 @@ class WorkerGroup:
             raise GroupStartError(f"the worker group could not form its world: {_describe(e)}") from None
         self.builds += 1
 
-    def submit(self, cfg: dict[str, Any], timeout_s: float) -> None:
+    def submit(self, cfg: dict[str, Any], timeout_s: float, local: bool = False) -> None:
+        """Run ``cfg`` on every rank; ``local``: on rank 0's node alone, as its own world (RankWorker.run_local),
+        for a config of fewer ranks than the group."""
         self._submitted = time.perf_counter()
         if not self.alive:
             self.start()
         self._timeout, self._deadline = timeout_s, time.perf_counter() + timeout_s
-        self._refs = [a.run.remote(cfg) for a in self.actors]
+        self._local = local
+        self._refs = [self.actors[0].run_local.remote(cfg)] if local else [a.run.remote(cfg) for a in self.actors]
 
     def collect(self) -> RunDone | None:
         """Non-blocking: the run's outcome once every rank answered, any rank failed, or time ran out."""
@@ -283,10 +307,11 @@ class WorkerGroup:
                         return lost
                 return self._fail(e, "raised", rank)
         if len(ready) == len(self._refs):
-            ranks, traces = zip(*ray.get(self._refs))
+            got = ray.get(self._refs)
+            ranks, traces = (got[0][0], [None] * len(got[0][0])) if self._local else zip(*got)
             self._refs = []
             return RunDone(list(ranks), None, "ok", time.perf_counter() - self._submitted, traces=list(traces),
-                           placement=self.placement)
+                           placement=self.placement[:1] if self._local else self.placement)
         if time.perf_counter() > self._deadline:
             return self._fail(TimeoutError(f"no result within resources.trial_timeout_s={self._timeout:g} s"),
                               "timeout", None)

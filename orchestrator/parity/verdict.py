@@ -166,11 +166,22 @@ def describe_failure(verdict: dict[str, Any]) -> str:
 
 
 def compare(reference: dict[str, Any], result: Result, precision: str | None = None,
-            tolerance: Tolerance | None = None) -> dict[str, Any]:
-    """The verdict for one trial: pass/fail, the first failing step and metric, the worst differences."""
+            tolerance: Tolerance | None = None, prefix: bool = False) -> dict[str, Any]:
+    """The verdict for one trial: pass/fail, the first failing step and metric, the worst differences.
+
+    ``prefix``: the run made only the first updates of the reference's (a pruned trial's probe, on the same
+    global steps and so the same data): those are compared, and the final parameters, which the reference
+    only has after all of its updates, are not. The verdict's ``steps`` says how many updates it covers.
+    """
     precision = precision or reference["precision"]
     tol = tolerance or DEFAULT_TOLERANCE[precision]
     trial = reference_from_result(result, precision)
+    n = len(trial["losses"])
+    if prefix and 0 < n < len(reference["losses"]):
+        reference = {**reference, "losses": reference["losses"][:n], "grad_norms": reference["grad_norms"][:n],
+                     "fingerprint": trial["fingerprint"]}  # not comparable: the reference's are n updates later
+    else:
+        prefix = False
     first_step, first_metric = None, None
     if len(trial["losses"]) != len(reference["losses"]):
         first_step, first_metric = 0, "steps"
@@ -198,9 +209,10 @@ def compare(reference: dict[str, Any], result: Result, precision: str | None = N
         "first_fail_tolerance": allowed,
         "max_loss_rel_diff": diffs["loss"],
         "max_grad_norm_rel_diff": diffs["grad_norm"],
-        "max_fingerprint_rel_diff": diffs["param"],
+        "max_fingerprint_rel_diff": None if prefix else diffs["param"],
         "replica_max_abs_diff": result.replica_max_abs_diff,
         "tolerance": asdict(tol),
+        "steps": len(reference["losses"]),
     }
 
 

@@ -177,6 +177,13 @@ class ParityVerdict:
     """Largest element difference between this trial's own data-parallel replicas."""
     tolerance: Tolerance | None = None
     """The tolerance the verdict was given under."""
+    steps: int | None = None
+    """Updates compared: all of the run's, or a pruned trial's probe's (the same global steps, so the same data,
+    as the reference's first ones; its final parameters are then not compared). None on older lines."""
+    shared_with_canonical: list[str] | None = None
+    """Baseline and canonical lines: the layout families the canonical run could not set canonical (its
+    microbatch, when the whole batch does not fit the device) that the baseline has active too. A bug there is
+    in both runs and no verdict can see it. None or empty: nothing shared."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Verdict keys this version does not know; kept and written back."""
 

@@ -244,6 +244,9 @@ def summary_text(s: dict[str, Any]) -> str:
         out.append(time_to_answer_text(s["time_to_answer"]))
     if s.get("numerics"):
         out.append(s["numerics"])
+    if s.get("parity_shared_with_canonical"):  # the canonical run could not set these canonical (memory)
+        out.append(f"parity blind spot: the canonical run shares {', '.join(s['parity_shared_with_canonical'])} "
+                   f"with the baseline; a bug there is in both and no verdict can see it")
     if s.get("breakdowns"):
         out.append("predicted breakdown (critical path; the parts overlap where the planner says so):")
         out.extend(s["breakdowns"])

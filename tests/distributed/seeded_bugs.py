@@ -140,6 +140,52 @@ def bug_sp_norm_grads_not_reduced():
     run.finish_grads = finish
 
 
+SMALL_BUCKET_BYTES = 100_000
+"""bug_bf16_small_buckets: buckets under 0.1 MB are reduced in bf16 (the tiny model's gradients are ~0.25 MB)."""
+
+
+def bug_bf16_small_buckets():
+    """A reducer that reduces small buckets in bf16: every replica's gradient in such a bucket is rounded to bf16
+    before the all-reduce. Only with data parallelism and buckets smaller than SMALL_BUCKET_BYTES."""
+    import trainer.grad_sync as gs
+
+    orig = gs.GradReducer._launch
+
+    def launch(self, bucket):
+        if bucket.buffer.numel() * 4 < SMALL_BUCKET_BYTES:
+            bucket.buffer.copy_(bucket.buffer.bfloat16().float())
+        return orig(self, bucket)
+    gs.GradReducer._launch = launch
+
+
+def bug_loss_normaliser_wrong_for_mbs_4():
+    """A loss normaliser wrong for microbatches of 4 or more sequences when a replica accumulates several of them:
+    it counts one sequence too many. The whole replica batch as one microbatch (the canonical run) is right."""
+    import trainer.run as run
+
+    orig = run.token_loss
+
+    def loss(logits, target, replica_tokens):
+        if target.shape[0] >= 4 and target.numel() < replica_tokens:
+            return orig(logits, target, replica_tokens + target.shape[1])
+        return orig(logits, target, replica_tokens)
+    run.token_loss = loss
+
+
+def bug_last_bucket_not_averaged_under_overlap():
+    """With overlap, the last bucket's all-reduced gradient is summed, not averaged, over the replicas."""
+    import trainer.grad_sync as gs
+
+    orig = gs.GradReducer.finish
+
+    def finish(self):
+        out = orig(self)
+        if self.overlap:
+            self.buckets[-1].buffer.mul_(self.size)
+        return out
+    gs.GradReducer.finish = finish
+
+
 # (bug, layout overrides, first failing step it must be caught at, metric that catches it)
 BUGS = [
     (bug_loss_not_divided_by_microbatches, {"parallel.pp": 2}, 0, "loss"),

@@ -47,9 +47,10 @@ def test_a_baseline_whose_recompute_is_buggy_is_stopped_by_the_canonical_run(ray
     assert "the baseline (trial 0) failed parity: the baseline does not match the canonical run" in text, text
     assert "grad norm differs at step 0" in text and "> tolerance 1.0e-04" in text, text
     assert "recompute.kind='full' (canonical: 'none')" in text, text
+    assert "Set back to canonical alone, recompute makes it agree with the canonical run" in text, text
     lines = Ledger(cfg.results_dir / "trials.jsonl").read()
     assert [(r.kind, r.status) for r in lines] == [("canonical", "ok"), ("baseline", "infeasible")]
-    assert lines[0].config["recompute"] == {"kind": "none"} and lines[0].config["parallel"]["pp"] == 1
+    assert lines[0].config["recompute"] == {"kind": "none"} and lines[0].config["parallel"] == {"pp": 1, "dp": 1}
     assert lines[1].parity.first_fail_metric == "grad_norm"
     store = cfg.results_dir.parent / "parity_refs" / f"{maths_key(lines[1].config)}.json"
     assert [r["role"] for r in json.loads(store.read_text())["runs"]] == ["canonical"]
@@ -66,7 +67,7 @@ def test_a_clean_baseline_passes_and_a_buggy_one_cannot_drift_the_store(ray_addr
     summary, lines = run_sweep(cfg)
     assert [r.kind for r in lines] == ["canonical", "baseline", "trial"], [r.reason for r in lines]
     canonical, base = lines[0], lines[1]
-    assert canonical.status == "ok" and canonical.config["parallel"] == {"pp": 1, "dp": 2}
+    assert canonical.status == "ok" and canonical.config["parallel"] == {"pp": 1, "dp": 1}
     assert base.status == "ok" and base.parity.passed and base.parity.tolerance.loss_rel == 1e-5
     assert summary["baseline_trial"] == 0 and lines[2].parity is not None
     store = cfg.results_dir.parent / "parity_refs" / f"{maths_key(base.config)}.json"

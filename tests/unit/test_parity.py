@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from orchestrator.parity.verdict import (DEFAULT_TOLERANCE, MAX_WIDENING, check_space_is_throughput_only, compare,
@@ -150,44 +152,188 @@ def test_numerics_note_names_reduction_order_knobs_with_measured_differences():
 
 # ---- the trust chain: canonical -> baseline -> trials (orchestrator.parity.trust) ----------------------------
 
+def _cfg(**over) -> TrainConfig:
+    return TrainConfig.from_dict(apply_overrides(TrainConfig().to_dict(), {k.replace("__", "."): v
+                                                                          for k, v in over.items()}))
+
+
 @pytest.mark.parametrize("over", [
     {"parallel.pp": 2, "batch.micro_batch_size": 2, "recompute.kind": "full", "pipeline.schedule": "gpipe"},
     {"parallel.pp": 2, "parallel.dp": 2, "pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 2},
     {"parallel.dp": 4, "data_parallel.kind": "fsdp", "batch.micro_batch_size": 2},
     {"parallel.dp": 2, "data_parallel.kind": "torch_ddp", "recompute.kind": "selective"},
     {"parallel.dp": 2, "batch.micro_batch_size": 4, "data_parallel.overlap_grad_reduce": True},
+    {"parallel.pp": 2, "pipeline.split": {"kind": "first_last", "first": 1, "last": 3}, "recompute.kind": "op"},
 ])
-def test_canonical_config_is_the_simplest_layout_of_the_same_maths(over):
-    from orchestrator.parity.trust import canonical_config
+def test_canonical_config_shares_no_layout_knob_and_keeps_the_maths(over):
+    """One rank, one stage, no recompute, no overlap, the whole batch as one microbatch (issue 21, item 1)."""
+    from orchestrator.parity.trust import active_families, canonical_config
 
     base = TrainConfig.from_dict(apply_overrides(TrainConfig().to_dict(), over))
     canon = canonical_config(base)
     assert maths_key(canon.to_dict()) == maths_key(base.to_dict())
-    assert canon.world_size == base.world_size and canon.parallel.pp == 1
+    assert (canon.world_size, canon.parallel.pp, canon.parallel.dp) == (1, 1, 1)
+    assert canon.batch.micro_batch_size == canon.batch.global_batch == base.batch.global_batch
     d = canon.to_dict()
     assert d["recompute"] == {"kind": "none"} and d["data_parallel"]["kind"] == "replicate"
     assert d["data_parallel"]["overlap_grad_reduce"] is False and d["pipeline"]["virtual_stages"] == 1
-    assert canon.batch.micro_batch_size <= base.batch.micro_batch_size
-    assert canonical_config(canon) == canon  # already the simplest
+    assert d["pipeline"]["split"] == {"kind": "balanced"} and canon.run.profile_step is None
+    assert active_families(canon) == [] and canonical_config(canon) == canon  # already the simplest
+    assert all(getattr(canon, s) == getattr(canonical_config(_cfg()), s) for s in ("parallel", "pipeline",
+                                                                                   "data_parallel", "recompute"))
 
 
-def test_canonical_keeps_pp_when_the_batch_cannot_spread_over_every_rank():
-    from orchestrator.parity.trust import canonical_config
+def test_every_knob_of_every_section_belongs_to_a_family():
+    """A knob without a family would never be set back, listed or blamed; a new knob SECTION is a family of its
+    own (generic_families) and is set to its default in the canonical run without a line in trust.py."""
+    import dataclasses
+    import typing
 
-    base = TrainConfig.from_dict(apply_overrides(TrainConfig().to_dict(), {
-        "batch.global_batch": 6, "parallel.pp": 2, "parallel.dp": 2, "recompute.kind": "full"}))
-    canon = canonical_config(base)
-    assert (canon.parallel.pp, canon.parallel.dp) == (2, 2) and canon.pipeline.schedule == "gpipe"
-    assert canon.to_dict()["recompute"] == {"kind": "none"} and maths_key(canon.to_dict()) == maths_key(base.to_dict())
+    from orchestrator.parity.trust import FAMILIES, generic_families
+    from trainer.knobs import KNOB_SECTIONS
+
+    def members(tp):
+        return typing.get_args(tp) or (tp,)
+
+    keys = set()
+    for section, tp in KNOB_SECTIONS.items():
+        for cls in members(tp):
+            keys |= {f"{section}.{f.name}" for f in dataclasses.fields(cls)}
+            if isinstance(getattr(cls, "kind", None), str):
+                keys.add(f"{section}.kind")
+    keys -= {"batch.global_batch"}  # the maths, not a layout knob
+    unheld = sorted(k for k in keys if not any(f.holds(k) for f in FAMILIES + generic_families(_cfg())))
+    assert unheld == []
+
+
+@pytest.mark.parametrize("over,active", [
+    # the issue's case: overlap and a bucket at dp=1 compute nothing; mbs 1 of 8 on one rank accumulates
+    ({"data_parallel.overlap_grad_reduce": True, "data_parallel.bucket_mb": 0.1, "batch.micro_batch_size": 1},
+     ["batch.micro_batch_size"]),
+    ({"parallel.dp": 2, "batch.micro_batch_size": 4}, ["parallel.dp", "data_parallel.bucket_mb",
+                                                       "data_parallel.overlap_grad_reduce"]),
+    ({"parallel.dp": 2, "batch.micro_batch_size": 4, "data_parallel.overlap_grad_reduce": False},
+     ["parallel.dp", "data_parallel.bucket_mb"]),
+    ({"parallel.dp": 2, "data_parallel.kind": "fsdp", "batch.micro_batch_size": 2},
+     ["parallel.dp", "data_parallel.kind", "batch.micro_batch_size"]),
+    ({"parallel.pp": 2, "pipeline.schedule": "gpipe", "batch.micro_batch_size": 8}, ["parallel.pp"]),
+    # 1f1b needs 2 microbatches at pp=2: mbs 4 is that layout's canonical, not an active setting
+    ({"parallel.pp": 2, "batch.micro_batch_size": 4}, ["parallel.pp", "pipeline.schedule"]),
+    ({"parallel.pp": 2, "pipeline.split": {"kind": "first_last", "first": 2, "last": 2}, "pipeline.schedule": "gpipe",
+      "batch.micro_batch_size": 8}, ["parallel.pp"]),  # first_last 2/2 of 4 layers is the balanced split
+    ({"parallel.pp": 2, "pipeline.split": {"kind": "first_last", "first": 1, "last": 3}, "pipeline.schedule": "gpipe",
+      "batch.micro_batch_size": 8, "recompute.kind": "full"}, ["parallel.pp", "pipeline.split", "recompute"]),
+    ({"pipeline.schedule": "gpipe", "batch.micro_batch_size": 8}, []),  # a schedule at pp=1 is inert
+])
+def test_only_active_families_are_suspects(over, active):
+    from orchestrator.parity.trust import active_families
+
+    assert [f.name for f in active_families(_cfg(**over))] == active
+
+
+def test_settings_that_differ_name_only_active_settings():
+    from orchestrator.parity.trust import settings_that_differ
+
+    assert settings_that_differ(_cfg(**{"data_parallel.overlap_grad_reduce": True, "batch.micro_batch_size": 1})) \
+        == ["batch.micro_batch_size=1 (canonical: 8)"]
+    assert settings_that_differ(_cfg(**{"parallel.pp": 2, "recompute.kind": "full", "batch.micro_batch_size": 4})) == [
+        "parallel.pp=2 (canonical: 1)", "pipeline.schedule='1f1b' (canonical: one stage)",
+        "recompute.kind='full' (canonical: 'none')"]
+    assert settings_that_differ(_cfg(**{"parallel.dp": 2, "batch.micro_batch_size": 4,
+                                        "data_parallel.bucket_mb": 0.02})) == [
+        "parallel.dp=2 (canonical: one rank)", "data_parallel.bucket_mb=0.02 (canonical: one rank, no bucket)",
+        "data_parallel.overlap_grad_reduce=True (canonical: one rank, no reduction)"]
+
+
+@pytest.mark.parametrize("over", [
+    {"parallel.pp": 2, "parallel.dp": 2, "pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 2},
+    {"parallel.dp": 2, "data_parallel.kind": "torch_ddp", "recompute.kind": "selective"},
+    {"parallel.pp": 2, "pipeline.split": {"kind": "first_last", "first": 1, "last": 3}, "recompute.kind": "full",
+     "batch.micro_batch_size": 2},
+    {"parallel.dp": 2, "data_parallel.kind": "fsdp", "batch.micro_batch_size": 1},
+])
+def test_each_suspect_sets_back_its_own_family_and_nothing_else(over):
+    from orchestrator.parity.trust import FAMILIES, active_families, suspects
+
+    base = _cfg(**over)
+    tried = suspects(base)
+    assert [name for name, _ in tried] == [f.name for f in active_families(base)]
+    by_name = {f.name: f for f in FAMILIES}
+    for name, cfg in tried:
+        assert not isinstance(cfg, str), cfg
+        assert maths_key(cfg.to_dict()) == maths_key(base.to_dict())
+        assert name not in [f.name for f in active_families(cfg)]  # set back
+        a, b = flatten(base.to_dict()), flatten(cfg.to_dict())
+        changed = {k for k in set(a) | set(b) if a.get(k) != b.get(k)}
+        # switching data_parallel.kind replaces the whole option (one bucket, no overlap: set back too)
+        assert changed and all(by_name[name].holds(k) or (name == "data_parallel.kind" and k.startswith(
+            "data_parallel.")) for k in changed), (name, changed)
+
+
+def test_the_canonical_microbatch_is_the_largest_that_fits_and_what_it_then_shares_is_named():
+    from orchestrator.parity.trust import ParityGate, canonical_config, shared_settings
+
+    small = lambda c: c.batch.micro_batch_size <= 3  # noqa: E731 (a device that holds 3 sequences)
+    base = _cfg(**{"parallel.pp": 2, "batch.micro_batch_size": 2, "pipeline.schedule": "gpipe"})
+    canon = canonical_config(base, small)
+    assert canon.batch.micro_batch_size == 2 and canon.world_size == 1
+    assert shared_settings(canon, base) == ["batch.micro_batch_size"]
+    assert shared_settings(canon, _cfg(**{"parallel.dp": 2, "batch.micro_batch_size": 4})) == []
+    assert shared_settings(canonical_config(base), base) == []
+    gate = ParityGate(Path("/nonexistent"))
+    assert gate.canonical_to_run(base, small) == canon and gate.shared == ["batch.micro_batch_size"]
+
+
+@pytest.mark.parametrize("tried,named", [
+    ([("parallel.dp", True, ""), ("data_parallel.bucket_mb", True, ""),
+      ("data_parallel.overlap_grad_reduce", False, "still differs")], "data_parallel.bucket_mb makes it agree"),
+    ([("parallel.dp", True, ""), ("data_parallel.overlap_grad_reduce", False, "")], "parallel.dp makes it agree"),
+    ([("parallel.pp", False, ""), ("recompute", True, "")], "recompute makes it agree"),
+    ([("batch.micro_batch_size", True, ""), ("recompute", True, "")],
+     "each of batch.micro_batch_size, recompute makes it agree"),
+    ([("parallel.pp", False, "still differs (loss)"), ("recompute", None, "did not run: oom")],
+     "No one family set back to canonical makes it agree (parallel.pp: still differs (loss); recompute: did not "
+     "run: oom)"),
+])
+def test_blame_names_the_narrowest_family_whose_reset_agrees(tried, named):
+    from orchestrator.parity.trust import blame
+
+    assert named in blame(tried)
+
+
+def test_a_probe_is_judged_on_its_own_updates(tmp_path):
+    """Issue 21 item 3: a pruned trial ran the reference's first updates on the same data."""
+    from orchestrator.parity.trust import ParityGate
+
+    gate = ParityGate(tmp_path / "refs")
+    three = {"run.steps": 3, "run.warmup_steps": 1}
+    gate.judge_canonical(make_result([5.0, 4.9, 4.8], norms=[1.0, 0.9, 0.8], **three))
+    assert gate.judge_baseline(make_result([5.0, 4.9, 4.8], norms=[1.0, 0.9, 0.8], **{"parallel.pp": 2}, **three))[
+        "passed"]
+    probe = make_result([5.0, 4.9], norms=[1.0, 0.9], fingerprint={"w": [9.0, 9.0]},
+                        **{"parallel.pp": 2, "run.steps": 2, "run.warmup_steps": 1})
+    verdict = gate.judge(probe)
+    assert verdict["passed"] and verdict["steps"] == 2 and verdict["max_fingerprint_rel_diff"] is None
+    bad = make_result([5.0, 4.9 * 1.001], norms=[1.0, 0.9], **{"parallel.pp": 2, "run.steps": 2,
+                                                                  "run.warmup_steps": 1})
+    verdict = gate.judge(bad)
+    assert (verdict["passed"], verdict["first_fail_step"], verdict["first_fail_metric"], verdict["steps"]) == \
+        (False, 1, "loss", 2)
+    other_maths = make_result([5.0, 4.9], norms=[1.0, 0.9], **{"parallel.pp": 2, "run.steps": 2,
+                                                              "run.warmup_steps": 1, "optim.lr": 1e-4})
+    assert gate.judge(other_maths)["first_fail_metric"] == "maths settings"
+    assert gate.judge(make_result([5.0, 4.9, 4.8], norms=[1.0, 0.9, 0.8], **{"parallel.pp": 2}, **three))[
+        "steps"] == 3
 
 
 def _gate_with_canonical(tmp_path, **over):
     from orchestrator.parity.trust import ParityGate
 
+    from orchestrator.parity.trust import canonical_config
+
     gate = ParityGate(tmp_path / "refs")
-    canon = make_result([5.0, 4.9, 4.8], norms=[1.0, 0.9, 0.8], **{"parallel.dp": 2, "data_parallel.kind": "replicate",
-                                                                "data_parallel.overlap_grad_reduce": False})
     baseline = TrainConfig.from_dict(apply_overrides(TrainConfig().to_dict(), {"parallel.pp": 2}))
+    canon = make_result([5.0, 4.9, 4.8], norms=[1.0, 0.9, 0.8], **flatten(canonical_config(baseline).to_dict()))
     assert gate.canonical_to_run(baseline) is not None  # nothing stored yet
     assert gate.judge_canonical(canon)["passed"]
     assert gate.canonical_to_run(baseline) is None  # stored: not run again

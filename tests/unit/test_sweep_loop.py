@@ -23,8 +23,9 @@ from trainer.profile import trace_name
 from trainer.result import RankResult, StepRecord, merge
 
 SPACE = {"params": {"batch.micro_batch_size": {"type": "categorical", "choices": [1, 2, 4]}}}
-PACE = {1: 2.0, 2: 1.0, 4: 0.5}
-"""Seconds per update by micro-batch size; the baseline runs micro-batch 2."""
+PACE = {1: 2.0, 2: 1.0, 4: 0.5, 8: 3.0}
+"""Seconds per update by micro-batch size; the baseline runs micro-batch 2, the canonical run (one rank) the whole
+batch, 8."""
 
 
 def result_for(cfg, pace: float):
@@ -144,6 +145,54 @@ def test_a_clearly_slower_probe_is_pruned_and_a_fast_one_measured_in_full(config
     assert sweep.records == sweep.ledger.read()  # what the loop holds is what the ledger reads back
     assert [Path(p).name for p in fast.artifacts] == [trace_name(0), trace_name(1)]
     assert all(Path(p).is_file() for p in fast.artifacts) and fast.result.ranks[0].trace_file == fast.artifacts[0]
+
+
+class BuggyRunner(FakeRunner):
+    """A FakeRunner whose runs of ``buggy(cfg)`` configs learn something else: their loss is off from step 1."""
+
+    def __init__(self, buggy, **kw):
+        super().__init__(**kw)
+        self.buggy = buggy
+
+    def submit(self, slot, cfg):
+        super().submit(slot, cfg)
+        outcome = self._done[-1][1]
+        if outcome.result is not None and self.buggy(cfg):
+            for s in outcome.result.steps[1:]:
+                s.loss *= 1.001
+
+
+def test_a_pruned_trial_is_judged_on_its_probe_and_a_layout_bug_there_is_parity_failed(config):
+    """Issue 21 item 3: the slow config (mbs 1) carries a layout bug; its probe is compared with the reference's
+    same updates, and the trial is infeasible with a parity constraint, not just pruned."""
+    cfg = config(pruning={"enabled": True, "after_steps": 2, "slower_than_best": 1.2},
+                 enqueue=[{"batch.micro_batch_size": 1}, {"batch.micro_batch_size": 4}], search={"n_trials": 3})
+    sweep, runner = run_loop(cfg, BuggyRunner(lambda c: c.batch.micro_batch_size == 1))
+    slow = by_trial(sweep)[1]
+    probe_steps = cfg.built.configs.baseline.run.warmup_steps + 2
+    assert slow.status == "infeasible" and slow.parity.steps == probe_steps and not slow.parity.passed
+    assert slow.reason.startswith(f"parity: loss differs at step 1: relative difference 1.00e-03 > tolerance 1.0e-05 "
+                                  f"(vs the reference, on the probe's {probe_steps} updates); also probe: fastest")
+    assert slow.probe.skipped_steps == cfg.built.configs.baseline.run.steps - probe_steps
+    assert trials_of(cfg)[1].user_attrs["constraints"]["parity"] == 1.0
+    fast = by_trial(sweep)[2]
+    assert fast.status == "ok" and fast.parity.passed and fast.parity.steps == cfg.built.configs.baseline.run.steps
+
+
+def test_a_baseline_that_differs_from_the_canonical_run_names_the_family_to_blame(config):
+    """Issue 21 item 2: baseline pp=2, mbs 2, 1f1b; only mbs 2 computes something else. Each active family is set
+    back alone (pp, schedule, microbatch size: nothing inert), and the one whose reset agrees is named."""
+    from orchestrator.sweep.loop import SweepError
+
+    cfg = config()
+    with pytest.raises(SweepError) as err:
+        run_loop(cfg, BuggyRunner(lambda c: c.batch.micro_batch_size == 2))
+    msg = str(err.value)
+    assert "the baseline (trial 0) failed parity: the baseline does not match the canonical run" in msg
+    assert ("Its active settings that differ from the canonical layout: parallel.pp=2 (canonical: 1); "
+            "pipeline.schedule='1f1b' (canonical: one stage); batch.micro_batch_size=2 (canonical: 8).") in msg
+    assert "Set back to canonical alone, batch.micro_batch_size makes it agree with the canonical run" in msg
+    assert "overlap" not in msg and "bucket" not in msg  # inert at dp=1
 
 
 def test_a_winner_is_confirmed_then_the_target_stops_the_sweep(config):
@@ -274,13 +323,13 @@ def test_a_ledger_that_does_not_load_leaves_no_study_behind(config):
 
 
 def scripted(paces: dict[int, list[float]]):
-    """Pace by micro-batch size, one value per run in turn (the last repeats); the canonical run (pp=1, mbs 2)
-    is not scripted."""
+    """Pace by micro-batch size, one value per run in turn (the last repeats); the canonical run (one rank) is not
+    scripted."""
     calls: dict[int, int] = {}
 
     def pace(cfg):
         mbs = cfg.batch.micro_batch_size
-        if cfg.parallel.pp == 1 and mbs == 2:
+        if cfg.world_size == 1:
             return 0.6
         seq = paces[mbs]
         i = calls.get(mbs, 0)
