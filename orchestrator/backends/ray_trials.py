@@ -25,7 +25,7 @@ from trainer.config import TrainConfig, apply_overrides, flatten
 class TrainerConfigs(SpaceConfigs):
     """Trainer configs: trainer base + baseline overrides + a trial's overrides.
 
-    ``parallel.dp`` is always derived: world_size / parallel.pp.
+    ``parallel.dp`` is always derived: world_size / (tensor_parallel.size x parallel.pp).
     """
 
     def __init__(self, trainer: dict, baseline: dict, world_size: int, gpus_per_rank: float):
@@ -40,8 +40,8 @@ class TrainerConfigs(SpaceConfigs):
         # of it (data_parallel.bucket_mb) lands in a complete option.
         self.base = self.baseline.to_dict()
         if given_dp is not None and given_dp != self.baseline.parallel.dp:
-            raise ValueError(f"baseline: parallel.dp={given_dp} but resources.world_size / parallel.pp = "
-                             f"{self.baseline.parallel.dp}; leave parallel.dp out, it is derived")
+            raise ValueError(f"baseline: parallel.dp={given_dp} but resources.world_size / (tensor_parallel.size x "
+                             f"parallel.pp) = {self.baseline.parallel.dp}; leave parallel.dp out, it is derived")
         if (self.baseline.run.device == "cuda") != (gpus_per_rank > 0):
             raise ValueError(f"resources.gpus_per_rank={gpus_per_rank} does not match the baseline's run.device="
                              f"{self.baseline.run.device!r}: use gpus_per_rank >= 1 with cuda, 0 with cpu")
@@ -53,10 +53,15 @@ class TrainerConfigs(SpaceConfigs):
 
     def build(self, overrides: Mapping[str, Any]) -> TrainConfig:
         pp = overrides.get("parallel.pp", self.base.get("parallel", {}).get("pp", 1))
-        if not isinstance(pp, int) or pp < 1 or self.world_size % pp:
-            raise ValueError(f"parallel.pp={pp} does not divide resources.world_size={self.world_size} "
-                             f"(parallel.dp is derived as world_size / pp)")
-        return TrainConfig.from_dict(apply_overrides(self.base, {**overrides, "parallel.dp": self.world_size // pp}))
+        tp = overrides.get("tensor_parallel.size", self.base.get("tensor_parallel", {}).get("size", 1))
+        for name, v in (("parallel.pp", pp), ("tensor_parallel.size", tp)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r}: expected an integer >= 1")
+        if self.world_size % (tp * pp):
+            raise ValueError(f"tensor_parallel.size x parallel.pp = {tp} x {pp} = {tp * pp} does not divide "
+                             f"resources.world_size={self.world_size} (parallel.dp is derived as world_size / (tp x pp))")
+        dp = self.world_size // (tp * pp)
+        return TrainConfig.from_dict(apply_overrides(self.base, {**overrides, "parallel.dp": dp}))
 
     def split_context(self, flat: Mapping[str, Any]) -> tuple[int, int]:
         return flat["model.n_layers"], flat["parallel.pp"] * flat["pipeline.virtual_stages"]
@@ -86,7 +91,8 @@ class RayTrials:
         if cfg.planner:
             raise ValueError("planner: only used with backend: model")
         if "parallel.dp" in cfg.space.override_keys:
-            raise ValueError("space.params.parallel.dp: dp is derived per trial as resources.world_size / parallel.pp")
+            raise ValueError("space.params.parallel.dp: dp is derived per trial as resources.world_size / "
+                             "(tensor_parallel.size x parallel.pp)")
         self.cfg = cfg
         res = cfg.resources
         self.configs = TrainerConfigs(cfg.trainer, cfg.baseline, res.world_size, res.gpus_per_rank)

@@ -206,6 +206,7 @@ _ROWS = (
     ("peak memory (MiB, largest rank)", lambda r: _metric(r, "peak_memory_bytes"), 2 ** -20, "{:,.1f}"),
     ("exposed dp communication (s, max rank)", lambda r: _phase(r, "dp_comm_wait"), 1, "{:.4g}"),
     ("pipeline idle (s, max rank)", lambda r: _phase(r, "pipeline_idle"), 1, "{:.4g}"),
+    ("tensor-parallel communication (s, max rank)", lambda r: _phase(r, "tp_comm"), 1, "{:.4g}"),
 )
 
 
@@ -213,8 +214,8 @@ def _metric(r: TrialRecord, key: str) -> float | None:
     return getattr(r.metrics, key)
 
 
-# The cost model's names for the same two waits (orchestrator/planner predictions).
-_PREDICTED_PHASE = {"dp_comm_wait": "dp_exposed_s", "pipeline_idle": "pp_bubble_s"}
+# The cost model's names for the same waits (orchestrator/planner predictions).
+_PREDICTED_PHASE = {"dp_comm_wait": "dp_exposed_s", "pipeline_idle": "pp_bubble_s", "tp_comm": "tp_comm_s"}
 
 
 def _phase(r: TrialRecord, phase: str) -> float | None:

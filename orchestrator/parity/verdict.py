@@ -27,7 +27,9 @@ MATHS_PREFIXES = ("model.", "data.", "batch.global_batch", "optim.", "run.seed",
 # Knobs that change the order of floating-point reductions (labelled as numerics risks in summaries).
 REDUCTION_ORDER_KNOBS = ("data_parallel.bucket_mb", "data_parallel.overlap_grad_reduce", "data_parallel.kind",
                          "data_parallel.reshard_after_forward", "data_parallel.prefetch", "batch.micro_batch_size",
-                         "parallel.dp")
+                         "parallel.dp", "tensor_parallel.size", "tensor_parallel.sequence_parallel")
+"""Knobs that change the order of floating-point sums (bucketed or sharded reductions, microbatch accumulation,
+row-parallel partial sums and sequence-parallel reduce-scatters): the summary's numerics-risk line names them."""
 
 
 @dataclass(frozen=True)

@@ -19,16 +19,13 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from orchestrator.planner import Calibration, ClusterSpec, Efficiency, calibrate
-from orchestrator.planner.calibrate import BOUNDS
+from orchestrator.planner.calibrate import BOUNDS, TRAINER_PHASES, trainer_phase_metrics
 from orchestrator.records.ledger import read_records
 from orchestrator.records.record import TrialRecord
 from trainer.knobs import FsdpDP
 from trainer.result import Result
 
-PHASE_METRICS = {"forward": "forward_s", "backward": "backward_incl_recompute_s", "optimizer": "optimizer_s",
-                 "dp_comm_wait": "dp_exposed_s", "pipeline_idle": "pp_idle_s"}
-"""The trainer's phases (per rank, summed over microbatches; max over ranks) and the planner's names."""
-METRICS = ("step_time_s", "peak_memory_bytes") + tuple(PHASE_METRICS.values())
+METRICS = ("step_time_s", "peak_memory_bytes") + tuple(TRAINER_PHASES.values())
 CPU_FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "pp_bw_eff", "dp_bw_eff",
            "optimizer_bw_eff", "mem_activation_factor")
 """Fitted by default: what trials on one host can tell apart. Tensor parallelism is never used by the
@@ -93,13 +90,7 @@ def ledger_records(lines: Sequence[TrialRecord], cluster: ClusterSpec, efficienc
 def _measured(result: Result) -> dict[str, float]:
     out = {k: float(getattr(result.summary, k)) for k in ("step_time_s", "peak_memory_bytes")
            if getattr(result.summary, k)}
-    for phase, name in PHASE_METRICS.items():
-        value = result.phases.get(phase)
-        if isinstance(value, Mapping):
-            value = value.get("max")
-        if value is not None:
-            out[name] = float(value)
-    return out
+    return {**out, **trainer_phase_metrics(result.phases)}
 
 
 def calibrate_from_ledger(ledger_path: str | Path, cluster: ClusterSpec, efficiency: Efficiency | None = None,

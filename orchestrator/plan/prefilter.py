@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from orchestrator.planner import ClusterSpec, Efficiency, JobSpec, ModelSpec, PlanConfig
-from orchestrator.planner.config import OptimizerSharding, PipelineComm, TensorParallel
+from orchestrator.planner.config import OptimizerSharding, PipelineComm
 from orchestrator.planner.knobs import Consts, encode
 from orchestrator.planner.memory import MEMORY_PARTS, stage_memory
 from orchestrator.planner.parse import plan_config_from_dict
@@ -59,9 +59,9 @@ def load_cluster(path: str | Path) -> tuple[ClusterSpec, Efficiency]:
 # ---- trainer config -> planner config ----------------------------------------------------------
 
 def plan_for_trial(train_cfg: Any, cluster: ClusterSpec, efficiency: Efficiency | None = None) -> PlanConfig:
-    """The planner's view of a trainer config on ``cluster`` (its GPU count becomes the trial's pp x dp).
+    """The planner's view of a trainer config on ``cluster`` (its GPU count becomes the trial's tp x pp x dp).
 
-    The knob sections (batch, parallel, pipeline, recompute, data_parallel) are the trainer's own objects,
+    The knob sections (batch, parallel, tensor_parallel, pipeline, recompute, data_parallel) are the trainer's own objects,
     passed through: they mean the same to both. What the planner cannot represent raises ValueError naming
     the field (the pre-filter then launches the config unpredicted); ``mapping_notes`` lists the
     approximations made for everything else.
@@ -78,9 +78,9 @@ def plan_for_trial(train_cfg: Any, cluster: ClusterSpec, efficiency: Efficiency 
         # Without a pipeline the trainer accumulates microbatches one at a time, whatever the schedule says:
         # one microbatch in flight, which is the planner's 1F1B on a single stage.
         pipeline = dataclasses.replace(pipeline, schedule="1f1b", virtual_stages=1)
-    return PlanConfig(cluster=dataclasses.replace(cluster, num_gpus=par.pp * par.dp), model=model, job=job,
+    return PlanConfig(cluster=dataclasses.replace(cluster, num_gpus=train_cfg.world_size), model=model, job=job,
                       efficiency=efficiency or Efficiency(), parallel=par,
-                      tensor_parallel=TensorParallel(size=1, sequence_parallel=False), batch=train_cfg.batch,
+                      tensor_parallel=train_cfg.tensor_parallel, batch=train_cfg.batch,
                       pipeline=pipeline, recompute=train_cfg.recompute, data_parallel=train_cfg.data_parallel,
                       # The trainer: plain AdamW on every replica, fp32 gradients.
                       optimizer=OptimizerSharding(distributed=False, grad_reduce_dtype="fp32"),
@@ -103,6 +103,10 @@ def mapping_notes(train_cfg: Any) -> list[str]:
     if isinstance(dpc, FsdpDP) and par.dp > 1:
         notes.append("data_parallel.kind=fsdp: the prediction adds FSDP's unsharded buffers (gathered blocks, the "
                      "reduce-scatter input, accumulated gradients), which the CPU measurement does not count")
+    if train_cfg.tensor_parallel.size > 1:
+        notes.append("tensor_parallel: the trainer all-gathers the LM head's logits over the tensor-parallel group "
+                     "(no vocabulary-parallel loss), so its last stage saves full-vocabulary logits where the planner "
+                     "counts 1/tp of them: activations there are under-predicted")
     if par.pp == 1 and train_cfg.pipeline.schedule != "1f1b":
         notes.append(f"pipeline.schedule={train_cfg.pipeline.schedule} has no effect with pp=1 (gradient "
                      f"accumulation, one microbatch in flight)")

@@ -7,7 +7,7 @@ A record is a mapping holding a config and what was measured:
 * measurements, at the top level or under ``measured``: any of ``step_time_s``, the ``Prediction``
   breakdown names (``forward_s``, ``dp_exposed_s``, ...), ``compute_track_s``, ``peak_memory_bytes``;
   the trainer's ``Result`` shape works too (``summary.step_time_s``, ``summary.peak_memory_bytes``,
-  ``phases.<forward|backward|optimizer|dp_comm_wait|pipeline_idle>.max``).
+  ``phases.<forward|backward|optimizer|dp_comm_wait|pipeline_idle|tp_comm>.max``).
 
 Residuals are relative errors, so a step time and a memory peak weigh alike; a weak pull towards the
 starting values keeps parameters the data cannot see where the preset put them. Solved with scipy's
@@ -45,8 +45,26 @@ TIME_METRICS = ("step_time_s", "forward_s", "backward_s", "recompute_s", "dp_exp
                 "pp_bubble_s", "pp_p2p_s", "tp_comm_s", "optimizer_s", "compute_track_s",
                 "backward_incl_recompute_s", "pp_idle_s")
 METRICS = TIME_METRICS + ("peak_memory_bytes",)
-_TRAINER_PHASES = {"forward": "forward_s", "backward": "backward_incl_recompute_s", "optimizer": "optimizer_s",
-                   "dp_comm_wait": "dp_exposed_s", "pipeline_idle": "pp_idle_s"}
+TRAINER_PHASES = {"forward": "forward_s", "backward": "backward_incl_recompute_s", "optimizer": "optimizer_s",
+                  "dp_comm_wait": "dp_exposed_s", "pipeline_idle": "pp_idle_s", "tp_comm": "tp_comm_s"}
+"""The trainer's phases (per rank, summed over microbatches; max over ranks) by the planner's names."""
+NESTED_IN_TP = ("forward", "backward", "optimizer")
+"""Phases the trainer's tp_comm time sits inside (its collectives block within them) while the planner's
+compute terms exclude it: with tensor parallelism they are not comparable and are left out."""
+
+
+def trainer_phase_metrics(phases: Mapping[str, Any]) -> dict[str, float]:
+    """A trainer result's ``phases`` as the planner's metric names (see TRAINER_PHASES, NESTED_IN_TP)."""
+    out = {}
+    tp = bool(((phases.get("tp_comm") or {}).get("max") if isinstance(phases.get("tp_comm"), Mapping)
+               else phases.get("tp_comm")) or 0)
+    for phase, name in TRAINER_PHASES.items():
+        value = phases.get(phase)
+        if isinstance(value, Mapping):
+            value = value.get("max")
+        if value is not None and not (tp and phase in NESTED_IN_TP):
+            out[name] = float(value)
+    return out
 PRIOR_WEIGHT = 0.01
 
 
@@ -77,12 +95,8 @@ def _metrics(record: Mapping[str, Any]) -> dict[str, float]:
         for name in METRICS:
             if name in source and name not in found and source[name] is not None:
                 found[name] = float(source[name])
-    for phase, name in _TRAINER_PHASES.items():
-        value = record.get("phases", {}).get(phase)
-        if isinstance(value, Mapping):
-            value = value.get("max")
-        if value is not None and name not in found:
-            found[name] = float(value)
+    for name, value in trainer_phase_metrics(record.get("phases", {})).items():
+        found.setdefault(name, value)
     return found
 
 

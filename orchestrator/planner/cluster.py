@@ -210,6 +210,13 @@ class ModelSpec:
         return self.matmul_params_per_layer + 4 * h + ((5 * h + f) if self.linear_biases else 0)
 
     @property
+    def tp_replicated_per_layer(self) -> int:
+        """Per-layer parameters every tensor-parallel rank holds whole: the two LayerNorms (4h) and the
+        row-parallel GEMMs' output biases (2h, when there are biases); Megatron shards only the GEMM weights
+        and the column-parallel biases."""
+        return 4 * self.hidden_size + (2 * self.hidden_size if self.linear_biases else 0)
+
+    @property
     def tensors_per_layer(self) -> int:
         """Parameter tensors per layer: 4 weight matrices, 2 LayerNorms of 2, and 4 bias vectors if any.
 

@@ -3,7 +3,7 @@
 How FSDP2 runs (torch.distributed.fsdp._fully_shard, torch 2.13; the trainer's ``apply_fsdp`` and torchtitan
 shard the same way): one parameter group per block, and the root group (embeddings, final norm, LM head) on
 each model chunk. All are sharded over dp; in this module ``p`` is one block's parameters per GPU
-(``params_per_layer / t``) and ``R`` a stage's root parameters. A group is gathered when it is used while
+(``layer_params_per_gpu``) and ``R`` a stage's root parameters. A group is gathered when it is used while
 sharded; it is resharded after its forward with ``reshard_after_forward`` and after its backward when
 FSDP's ``reshard_after_backward`` is on; its gradients are reduce-scattered in a backward with gradient sync on.
 
@@ -86,12 +86,12 @@ from __future__ import annotations
 import numpy as np
 
 from .comm import all_gather_time, reduce_scatter_time
-from .knobs import Consts, Knobs, col, in_flight, stage_params, state_bytes
+from .knobs import Consts, Knobs, col, in_flight, layer_params_per_gpu, stage_params, state_bytes
 
 
 def block_params(C: Consts) -> float:
     """Parameters of one transformer block per GPU (before dp sharding)."""
-    return C.params_per_layer / C.t
+    return layer_params_per_gpu(C)
 
 
 def root_params(C: Consts, K: Knobs) -> np.ndarray:

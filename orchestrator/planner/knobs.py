@@ -54,6 +54,8 @@ class Consts:
     pos_rows: int = 0
     matmul_per_layer: int = 0
     tensors_per_layer: int = 12
+    tp_replicated_per_layer: int = 0
+    """Per-layer parameters every tensor-parallel rank holds whole (ModelSpec.tp_replicated_per_layer)."""
     gpus_per_node: int = 8
     intra_bw: float = 0.0
     """NVLink bytes/s per GPU (raw datasheet figure; comm.py derives each group's bus bandwidth)."""
@@ -89,6 +91,7 @@ class Consts:
             params_per_layer=m.params_per_layer, total_params=m.total_params, tied=m.tied_embeddings,
             num_gpus=c.num_gpus, eff=e, precision=cfg.job.precision, pos_rows=m.position_embeddings,
             matmul_per_layer=m.matmul_params_per_layer, tensors_per_layer=m.tensors_per_layer,
+            tp_replicated_per_layer=m.tp_replicated_per_layer,
             gpus_per_node=gpn, intra_bw=intra[0], inter_bw=inter[0],
             tp_overlap=cfg.tensor_parallel.comm_overlap and tp > 1, ew=m.elementwise,
             p2p_overlap=cfg.pipeline_comm.overlap_p2p, gemms=m.gemms,
@@ -176,15 +179,20 @@ def col(x: np.ndarray) -> np.ndarray:
     return x[:, None]
 
 
+def layer_params_per_gpu(C: Consts) -> float:
+    """One transformer layer's parameters on one tensor-parallel rank: the sharded part over tp, the rest whole."""
+    return (C.params_per_layer - C.tp_replicated_per_layer) / C.t + C.tp_replicated_per_layer
+
+
 def stage_params(C: Consts, K: Knobs) -> np.ndarray:
     """Parameters held per GPU of each stage, (n, pp).
 
-    Layers split over tp; the first stage adds the input embedding (and a learned position table, which
+    Layers split over tp (their norms replicated, ``layer_params_per_gpu``); the first stage adds the input embedding (and a learned position table, which
     Megatron replicates over tp), the last the LM head (Megatron keeps a copy of a tied embedding there
     when pp > 1) and the final LayerNorm.
     """
     emb = C.V * C.h / C.t
-    P = K.layers * (C.params_per_layer / C.t)
+    P = K.layers * layer_params_per_gpu(C)
     P[:, 0] += emb + C.pos_rows * C.h
     if C.p > 1 or not C.tied:
         P[:, -1] += emb

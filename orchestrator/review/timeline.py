@@ -26,12 +26,13 @@ PHASE_COLOURS = {
     "pipeline_idle": "#D9D9D9",
 }
 # Spans that overlap the main lane (gradient-reduction buckets in flight).
-OVERLAY_PHASES = {"dp_reduce": "#DD8452", "reduce": "#DD8452"}
+OVERLAY_PHASES = {"dp_reduce": "#DD8452", "reduce": "#DD8452", "tp_comm": "#937860"}
 UNKNOWN_COLOUR = "#999999"
 LABELS = {
     "forward": "forward", "backward": "backward", "optimizer": "optimizer",
     "dp_comm_wait": "dp communication wait (exposed)", "pipeline_idle": "pipeline idle (bubble)",
     "dp_reduce": "gradient reduce in flight", "reduce": "gradient reduce in flight",
+    "tp_comm": "tensor-parallel communication (inside forward/backward)",
 }
 MAX_ROWS = 64  # beyond this the picture is unreadable anyway; the title says how many were left out
 GAP_FRACTION = 0.04  # blank space between consecutive steps, as a fraction of the longest step
@@ -83,7 +84,8 @@ def render_timeline(result: dict[str, Any], path: Path, steps: int = 2) -> Path:
         ax.axvline(offsets[st], color="black", linewidth=0.6, linestyle=":")
         ax.text(offsets[st] + widths[st] / 2, n - 0.4, f"step {st}", ha="center", va="bottom", fontsize=9)
     ax.set_yticks(range(n))
-    ax.set_yticklabels([_row_label(r) for r in reversed(ranks)] or ["(no ranks)"], fontsize=8)
+    with_tp = ((result.get("config") or {}).get("tensor_parallel") or {}).get("size", 1) > 1
+    ax.set_yticklabels([_row_label(r, with_tp) for r in reversed(ranks)] or ["(no ranks)"], fontsize=8)
     ax.set_ylim(-0.7, n - 0.1 + 0.35)
     ax.set_xlim(0, x if x > 0 else 1.0)
     ax.set_xlabel("seconds (each update starts at its dotted line)")
@@ -101,8 +103,9 @@ def render_timeline(result: dict[str, Any], path: Path, steps: int = 2) -> Path:
     return path
 
 
-def _row_label(rank: dict[str, Any]) -> str:
-    return f"rank {rank.get('rank', '?')} (pp {rank.get('pp_rank', '?')}, dp {rank.get('dp_rank', '?')})"
+def _row_label(rank: dict[str, Any], with_tp: bool = False) -> str:
+    tp = f", tp {rank.get('tp_rank', 0)}" if with_tp else ""
+    return f"rank {rank.get('rank', '?')} (pp {rank.get('pp_rank', '?')}, dp {rank.get('dp_rank', '?')}{tp})"
 
 
 def _title(result: dict[str, Any], steps: list[int], left_out: int) -> str:

@@ -35,3 +35,21 @@ def test_prediction_against_a_real_cpu_run(recompute):
     measured_peak = result.summary.peak_memory_bytes
     assert MemoryPrefilter(CPU, EXACT, budget_bytes=measured_peak / 2).check(cfg)[0]
     assert not MemoryPrefilter(CPU, EXACT, budget_bytes=measured_peak * 1.05).check(cfg)[0]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("layout", [{"tensor_parallel__sequence_parallel": False},
+                                    {"tensor_parallel__sequence_parallel": True, "parallel__pp": 2}],
+                         ids=["tp2", "tp2 sp pp2"])
+def test_tensor_parallel_model_state_bytes_are_exact(layout):
+    """Each TP rank holds its shards plus the replicated norms: parameter, gradient and optimizer-state bytes per
+    rank exactly as the planner counts them (Megatron's layout)."""
+    cfg = tcfg(tensor_parallel__size=2, batch__micro_batch_size=2, model__n_layers=4, batch__global_batch=8, **layout)
+    result = spawn(cfg)
+    plan = plan_for_trial(cfg, CPU, EXACT)
+    assert plan.cluster.num_gpus == cfg.world_size == 2 * cfg.parallel.pp
+    mem = stage_memory(Consts.of(plan), encode([plan]))
+    for rank in result.ranks:
+        s, m = rank.pp_rank, rank.memory
+        assert (mem["params"][0, s], mem["grads"][0, s], mem["optimizer"][0, s]) == (
+            m["param_bytes"], m["grad_bytes"], m["optimizer_state_bytes"]), (s, m)

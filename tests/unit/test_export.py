@@ -120,6 +120,11 @@ TABLE = [
                  id="model-defaults"),
     pytest.param({"data.kind": "token_file", "data.path": "/data/corpus.bin"}, {}, ["--mock-data"],
                  ["not mapped: data.kind=token_file"], id="token-file"),
+    pytest.param({"tensor_parallel.size": 2, "tensor_parallel.sequence_parallel": True},
+                 {"--tensor-model-parallel-size": ["2"], "--sequence-parallel": []}, ["--tp-comm-overlap"],
+                 ["differs: tensor_parallel.size=2"], id="tp2-sp"),
+    pytest.param({"tensor_parallel.size": 2, "tensor_parallel.sequence_parallel": False},
+                 {"--tensor-model-parallel-size": ["2"]}, ["--sequence-parallel"], [], id="tp2-no-sp"),
     pytest.param({"optim.weight_decay": 0.1, "optim.warmup_steps": 3},
                  {"--weight-decay": ["0.1"], "--lr-warmup-iters": ["3"], "--lr": ["0.003"], "--adam-beta2": ["0.95"],
                   "--clip-grad": ["1.0"], "--lr-decay-style": ["constant"]}, [],
@@ -151,6 +156,12 @@ def test_megatron_invariants_over_the_table():
             assert "--use-distributed-optimizer" in args and "--overlap-grad-reduce" in args
         if flag(args, "--recompute-granularity") == ["selective"]:
             assert "--recompute-method" not in args
+        tp = int(flag(args, "--tensor-model-parallel-size")[0])
+        assert int(flag(args, "--num-attention-heads")[0]) % tp == 0
+        if "--sequence-parallel" in args:  # Megatron turns sequence parallelism off at tp 1
+            assert tp > 1
+        if "--tp-comm-overlap" in args:
+            assert "--sequence-parallel" in args
         if "--num-layers-per-virtual-pipeline-stage" in args:
             assert "--decoder-first-pipeline-num-layers" not in args
         if "--pipeline-model-parallel-layout" in args:  # the layout replaces every other split flag
