@@ -24,7 +24,9 @@ _SHORT = {"batch.micro_batch_size": "mbs", "parallel.pp": "pp", "pipeline.schedu
           "data_parallel.overlap_grad_reduce": "overlap", "data_parallel.bucket_mb": "bucket_mb",
           "data_parallel.kind": "dp", "recompute.kind": "recompute", "recompute.num_layers": "rc_layers",
           "recompute.method": "rc_method", "recompute.matmul_period": "rc_mm_period", "pipeline.split.kind": "split",
-          "optimizer.overlap_param_gather": "param_gather", "data_parallel.overlap_param_gather": "param_gather"}
+          "optimizer.overlap_param_gather": "param_gather", "data_parallel.overlap_param_gather": "param_gather",
+          "tensor_parallel.size": "tp", "tensor_parallel.sequence_parallel": "sp",
+          "tensor_parallel.comm_overlap": "tp_overlap"}
 
 
 def short_params(params: dict[str, Any]) -> str:

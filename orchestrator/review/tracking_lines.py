@@ -52,7 +52,8 @@ _NAME = {"parallel.pp": "pp", "parallel.dp": "dp", "batch.micro_batch_size": "mb
          "recompute.matmul_period": "mmp",
          "recompute.method": "rcm=", "data_parallel.kind": "", "data_parallel.overlap_grad_reduce": "overlap",
          "optimizer.overlap_param_gather": "pgather", "data_parallel.bucket_mb": "bkt",
-         "pipeline.split.first": "first", "pipeline.split.last": "last", "pipeline.split.kind": "split="}
+         "pipeline.split.first": "first", "pipeline.split.last": "last", "pipeline.split.kind": "split=",
+         "tensor_parallel.size": "tp", "tensor_parallel.sequence_parallel": "sp", "tensor_parallel.comm_overlap": "tpov"}
 """Short run-name labels: ``pp`` + 2 reads "pp2", ``rc=`` + selective reads "rc=sel", "" shows the value only."""
 _ABBREV = {"selective": "sel", "interleaved_1f1b": "i1f1b", "none": "none", "full": "full"}
 
