@@ -33,6 +33,11 @@ ROWS = {
     "mbs 4, selective core_attn": {"recompute.kind": "selective"},
     "mbs 4, full recompute": {"recompute.kind": "full"},
 }
+TP_ROWS = {
+    "tp 2, sequence parallel": {"tensor_parallel.size": 2, "tensor_parallel.sequence_parallel": True},
+    "tp 2, no sequence parallel": {"tensor_parallel.size": 2, "tensor_parallel.sequence_parallel": False},
+}
+"""Two GPUs, one rank each over NCCL: run after the one-GPU rows, checked against the first of them."""
 
 
 def main() -> None:
@@ -43,10 +48,14 @@ def main() -> None:
     cfgs = [TrainConfig.from_dict(apply_overrides(base, o)) for o in ROWS.values()]
     t0 = time.time()
     results = spawn_many(cfgs)
+    rows = dict(ROWS)
+    if torch.cuda.device_count() >= 2:
+        rows.update(TP_ROWS)
+        results += spawn_many([TrainConfig.from_dict(apply_overrides(base, o)) for o in TP_ROWS.values()])
     lines = ["| config | step time (s) | tokens/s | MFU | HFU | peak allocated (GiB) | parity vs first row |",
              "|---|---|---|---|---|---|---|"]
     ref = reference_from_result(results[0]) if not isinstance(results[0], Exception) else None
-    for row, r in zip(ROWS, results):
+    for row, r in zip(rows, results):
         if isinstance(r, Exception):
             lines.append(f"| {row} | failed: {str(r)[:200]} ||||||")
             continue
@@ -60,7 +69,10 @@ def main() -> None:
     ok = [r for r in results if not isinstance(r, Exception)]
     text = "\n".join([f"# GPU benchmark: {name}", "",
                       "Command: `PYTHONPATH=. python3 bench/gpu_h200.py` (examples/gpt1b.yaml, bf16 autocast, 1 GPU)", "",
-                      *lines, "", f"Peak basis: {ok[0].summary.peak_basis if ok else 'n/a'}.",
+                      *lines, "",
+                      "" if len(rows) > len(ROWS) else f"Tensor-parallel rows ({', '.join(TP_ROWS)}) need 2 GPUs; "
+                      f"this machine has {torch.cuda.device_count()}.",
+                      f"Peak basis: {ok[0].summary.peak_basis if ok else 'n/a'}.",
                       f"torch {torch.__version__}; wall time {time.time() - t0:.0f} s.", ""])
     write_and_print(text, Path(__file__).resolve().parent / "results" / f"gpu_{name.replace(' ', '_')}.md")
 

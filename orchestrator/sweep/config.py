@@ -77,7 +77,7 @@ class PruningConfig:
 @dataclass(frozen=True)
 class ResourcesConfig:
     world_size: int = 2
-    """Ranks per trial; each trial's parallel.dp is world_size / parallel.pp."""
+    """Ranks per trial; each trial's parallel.dp is world_size / (tensor_parallel.size x parallel.pp)."""
     cpus_per_rank: float = 1.0
     """Ray CPUs reserved by each rank's actor."""
     gpus_per_rank: float = 0.0

@@ -88,6 +88,19 @@ def test_data_parallel_overlap_matches_the_single_process_reference():
     assert rest[0].reduce_start_after_backward_s < 0  # reduction started under the backward
 
 
+@two_gpus
+def test_tensor_parallel_matches_the_single_process_reference():
+    """TP over NCCL (DTensor column/row-wise linears, sequence-parallel norms) learns what one GPU learns."""
+    (ref,) = spawn_many([cfg(FP32)])
+    rest = spawn_many([cfg(FP32, tensor_parallel__size=2, tensor_parallel__sequence_parallel=True),
+                       cfg(FP32, tensor_parallel__size=2, tensor_parallel__sequence_parallel=False),
+                       cfg(FP32, tensor_parallel__size=2, recompute__kind="full")])
+    assert_matches(ref, rest, ["tp 2 sp", "tp 2 no sp", "tp 2 sp full recompute"])
+    # each rank holds about half the model, and the collectives are measured as their own phase
+    assert rest[0].memory["param_bytes"]["max"] < 0.6 * ref.memory["param_bytes"]["max"]
+    assert rest[0].phases["tp_comm"]["max"] > 0
+
+
 def test_profiled_warmup_update_records_cuda_kernels(tmp_path):
     import gzip
     import json
