@@ -186,7 +186,8 @@ class Tracker:
 
     def log_best(self, parent_run_id: str, record: TrialRecord) -> None:
         """The best config's trial line (orchestrator.records.winner.best), as tags on the parent (its figure is
-        the ``best_step_time_s`` history)."""
+        the ``best_step_time_s`` history). ``best_meets_target`` is the line's own run until ``finish_sweep``
+        judges the final answer's figure."""
         # The ledger is written before MLflow, so a record never carries its run id: find the child by its tags.
         run_id = next((r.info.run_id for r in self._children(
             parent_run_id, f"tags.\"steptune.trial\" = {_q(str(record.trial))} "
@@ -223,8 +224,10 @@ class Tracker:
                 "steptune.sweep", "")
             (out / "summary.md").write_text(summary_md(name, summary, table_text, pictures, notes))
             self.client.log_artifacts(parent_run_id, tmp)
-        self._log(parent_run_id, numeric, {}, {} if target is None else {"steptune.target_s": repr(float(target))},
-                  final)
+        tags = {} if target is None else {"steptune.target_s": repr(float(target))}
+        if best.get("step_time_s") is not None:  # judged on the answer's figure, as the summary judges it
+            tags["steptune.best_meets_target"] = flag(bool(summary.get("target_met")))
+        self._log(parent_run_id, numeric, {}, tags, final)
         self.client.set_terminated(parent_run_id, "FINISHED")
 
     def ui_command(self) -> str:

@@ -459,5 +459,7 @@ def test_one_answer_when_the_fastest_single_run_is_not_the_best_median(config, m
     parent = client.search_runs([client.get_experiment_by_name("steptune").experiment_id],
                                 "tags.\"steptune.role\" = 'parent'")[0]
     assert parent.data.metrics["best_step_time_s"] == 0.59 and parent.data.tags["steptune.best_trial"] == "0"
+    # judged on the median (0.59 s <= 0.595 s), though the baseline's own first run (0.60 s) missed the target
+    assert parent.data.tags["steptune.best_meets_target"] == "true"
     assert "best (trial 0): median of 3 runs" in Path(client.download_artifacts(
         parent.info.run_id, "summary.md")).read_text()
