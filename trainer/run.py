@@ -127,7 +127,9 @@ def _train(cfg: TrainConfig, groups: Groups, trace_dir: str | os.PathLike | None
     acts = SavedActivations()
     restore = _instrument(par, clock)
     tp_timing = contextlib.ExitStack()
-    if cfg.tensor_parallel.size > 1:
+    # With comm_overlap the blocks' collectives run inside compiled kernels, overlapped with their GEMMs: they
+    # have no span of their own, and the timing wrapper would be traced into the graphs and split them.
+    if cfg.tensor_parallel.size > 1 and not cfg.tensor_parallel.comm_overlap:
         tp_timing.enter_context(tp_comm_clock(clock))
     holds_last = (cfg.n_stages - 1) in par.stage_ids
     profiler = StepProfiler(cfg.run.profile_step, device, dist.get_rank(), trace_dir)

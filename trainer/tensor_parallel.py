@@ -104,6 +104,28 @@ def vocab_parallel_loss(enabled: bool) -> Iterator[None]:
         cm.__exit__(None, None, None)
 
 
+def compile_for_async_tp(chunk: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """``tensor_parallel.comm_overlap``: torch's asynchronous TP on each transformer block (torchtitan's recipe).
+
+    Inductor's micro-pipeline pass rewrites an all-gather feeding a matmul, and a matmul feeding a
+    reduce-scatter, into chunked kernels over CUDA symmetric memory that overlap the transfer with the
+    GEMM; it only sees collectives inside a compiled graph, so the blocks (where the sequence-parallel
+    gathers and reduce-scatters sit) are compiled. The pass is switched on through the compile options of
+    these blocks alone, not inductor's global config, so a worker's later runs are unaffected.
+    ``Module.compile`` compiles in place: parameter names, and so fingerprints and optimizer state, stay
+    those of the eager model.
+    """
+    from torch.distributed import _symmetric_memory
+
+    enable = getattr(_symmetric_memory, "enable_symm_mem_for_group", None)
+    # Older torch needs the group registered for symmetric memory; newer marks the call deprecated
+    # (every group can allocate it) and warns, so it is only made where still needed.
+    if enable is not None and not getattr(enable, "__deprecated__", None):
+        enable(tp_mesh.get_group().group_name)
+    for block in chunk.layers.values():
+        block.compile(options={"_micro_pipeline_tp": True})
+
+
 def finish_grads(params: list[nn.Parameter]) -> None:
     """Bring every DTensor gradient to its parameter's placements (after backward, before the norm).
 
