@@ -205,9 +205,29 @@ class TrainConfig:
             raise ValueError("data_parallel.kind: torch_ddp cannot be combined with tensor_parallel.size > 1 (torch DDP "
                              "does not reduce DTensor gradient shards); use replicate or fsdp")
         if tpc.comm_overlap:
-            raise ValueError(f"tensor_parallel.comm_overlap: torch's asynchronous TP needs CUDA symmetric memory and "
-                             f"torch.compile's micro-pipeline pass; the trainer runs eager (run.device="
-                             f"{self.run.device}): set it to false")
+            self._check_async_tp()
+
+    def _check_async_tp(self) -> None:
+        """torch's asynchronous TP: an inductor pass over CUDA symmetric memory, on compiled blocks."""
+        why = None
+        if self.run.device != "cuda":
+            why = f"torch's asynchronous TP needs run.device=cuda (CUDA symmetric memory), not {self.run.device}: set it to false"
+        elif isinstance(self.recompute, (SelectiveRecompute, OpRecompute)):
+            # Measured (torch 2.13): checkpoint inside a compiled block fails on DTensor activations (selective)
+            # and on a policy context (op); full recompute checkpoints whole blocks from outside and works.
+            why = (f"the blocks it compiles cannot trace recompute.kind={self.recompute.kind} "
+                   f"(a checkpoint inside the block): use recompute.kind full or none, or set it to false")
+        else:
+            import importlib.util
+
+            import torch
+
+            if not torch.cuda.is_available():
+                why = "torch's asynchronous TP needs CUDA and this torch sees no GPU: set it to false"
+            elif importlib.util.find_spec("torch.distributed._symmetric_memory") is None:
+                why = f"this torch ({torch.__version__}) has no torch.distributed._symmetric_memory (asynchronous TP): set it to false"
+        if why:
+            raise ValueError(f"tensor_parallel.comm_overlap: {why}")
 
     # Derived quantities, computed from the validated fields.
     @property

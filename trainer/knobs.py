@@ -71,8 +71,9 @@ class TensorParallel:
     sends are split over the tensor-parallel group instead of replicated. A no-op at size 1."""
     comm_overlap: bool = False
     """Megatron's --tp-comm-overlap: each layer's all-gathers and reduce-scatters run pipelined with the
-    GEMMs next to them. Needs sequence_parallel; a no-op at size 1. The trainer runs it only where torch's
-    asynchronous TP exists (CUDA) and refuses it elsewhere."""
+    GEMMs next to them. Needs sequence_parallel; a no-op at size 1. The trainer runs it as torch's
+    asynchronous TP (run.device=cuda only; it torch.compiles each transformer block, the one knob that
+    compiles anything) and refuses it at load elsewhere."""
 
     def __post_init__(self) -> None:
         _check_ints(self, "tensor_parallel", ("size",))

@@ -19,7 +19,7 @@ from trainer.config import (FsdpDP, FullRecompute, OpRecompute, ReplicateDP, Sel
 from trainer.grad_sync import GradReducer
 from trainer.layout import recompute_groups, stage_ids_for_rank
 from trainer.model import GPT
-from trainer.tensor_parallel import apply_tp
+from trainer.tensor_parallel import apply_tp, compile_for_async_tp
 
 
 @dataclass
@@ -102,6 +102,10 @@ def parallelize(cfg: TrainConfig, groups: Groups, device: torch.device, loss_fn)
             apply_tp(chunk, groups.mesh["tp"], cfg.tensor_parallel.sequence_parallel)
     for chunk in chunks:
         apply_recompute(chunk, cfg)
+    if cfg.tensor_parallel.size > 1 and cfg.tensor_parallel.comm_overlap:
+        # After recompute (the checkpoint wrappers it sets are traced into the graphs), before FSDP: torchtitan's order.
+        for chunk in chunks:
+            compile_for_async_tp(chunk, groups.mesh["tp"])
 
     dpc, reducer = cfg.data_parallel, None
     if cfg.parallel.dp > 1:

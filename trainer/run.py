@@ -25,7 +25,7 @@ from trainer.measure import (PhaseClock, SavedActivations, model_flops_per_token
 from trainer.parallelize import Groups, Parallelized, parallelize
 from trainer.profile import StepProfiler
 from trainer.result import NESTED_PHASES, RankResult, Result, Span, StepRecord, merge
-from trainer.tensor_parallel import finish_grads, local, owned, tp_comm_clock
+from trainer.tensor_parallel import finish_grads, local, owned, tp_comm_clock, vocab_parallel_loss
 
 
 class NonFiniteLoss(RuntimeError):
@@ -127,7 +127,9 @@ def _train(cfg: TrainConfig, groups: Groups, trace_dir: str | os.PathLike | None
     acts = SavedActivations()
     restore = _instrument(par, clock)
     tp_timing = contextlib.ExitStack()
-    if cfg.tensor_parallel.size > 1:
+    # With comm_overlap the blocks' collectives run inside compiled kernels, overlapped with their GEMMs: they
+    # have no span of their own, and the timing wrapper would be traced into the graphs and split them.
+    if cfg.tensor_parallel.size > 1 and not cfg.tensor_parallel.comm_overlap:
         tp_timing.enter_context(tp_comm_clock(clock))
     holds_last = (cfg.n_stages - 1) in par.stage_ids
     profiler = StepProfiler(cfg.run.profile_step, device, dist.get_rank(), trace_dir)
@@ -148,7 +150,7 @@ def _train(cfg: TrainConfig, groups: Groups, trace_dir: str | os.PathLike | None
                 else:
                     opt.zero_grad(set_to_none=True)
                 acts.reset_peak()
-                with acts.hooks(), autocast:
+                with acts.hooks(), autocast, vocab_parallel_loss(cfg.tensor_parallel.size > 1):
                     if par.schedule is not None:
                         replica_loss = _pipeline_step(par, clock, x, y, holds_last)
                     else:
@@ -189,7 +191,8 @@ def token_loss(logits: torch.Tensor, target: torch.Tensor, replica_tokens: int) 
     """Cross-entropy summed over the microbatch, divided by the tokens of the whole replica batch.
 
     Accumulated over microbatches and averaged over replicas this is the mean over every token of the
-    global batch, for any layout.
+    global batch, for any layout. Under TP the logits are vocabulary-sharded and ``loss_parallel`` makes
+    the sum the whole vocabulary's on every TP rank, so the normaliser is the same as without TP.
     """
     ce = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="sum")
     return ce / replica_tokens
@@ -215,7 +218,8 @@ def _pipeline_step(par: Parallelized, clock: PhaseClock, x, y, holds_last: bool)
     clock.totals[clock.step]["pipeline_idle"] += max(0.0, (end - start) - busy)
     if clock.step in clock.keep:
         _idle_spans(clock, start, end)
-    return torch.stack([loss.detach().float() for loss in losses]).sum() if holds_last else None
+    # Under TP each loss is a replicated DTensor: its local value is the whole microbatch's loss.
+    return torch.stack([local(loss.detach()).float() for loss in losses]).sum() if holds_last else None
 
 
 def _busy(clock: PhaseClock) -> float:
@@ -250,7 +254,7 @@ def _accumulation_step(par, cfg, clock, x, y, loss_fn, n_micro, mbs) -> torch.Te
             with clock.phase("backward"):
                 loss.backward()
             clock.mark("backward_end", first=False)
-        total += loss.detach().float()
+        total += local(loss.detach()).float()
     return total
 
 

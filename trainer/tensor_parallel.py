@@ -7,11 +7,12 @@ With sequence parallelism the residual stream between those regions stays split 
 all-gathered (``PrepareModuleInput``) and the row-parallel outputs reduce-scattered. Without it, the
 residual stream is replicated and the row-parallel outputs all-reduced (Megatron's plain TP).
 
-The LM head's logits are all-gathered (``output_layouts=Replicate``) rather than kept vocabulary-sharded
-under ``loss_parallel``: loss_parallel must be active around the backward as well, and the pipeline
-schedules run the last stage's backward inside ``schedule.step`` where the loss is also reduced over
-microbatches in plain tensors; a vocabulary-sharded loss there would need the schedules' internals. With
-a small head (vocab / tp columns per rank) the gather is a few percent of a step's TP traffic.
+The LM head stays sharded on the vocabulary (``Shard(-1)`` DTensor logits, torchtitan's loss parallel):
+the cross-entropy runs under ``loss_parallel`` (``vocab_parallel_loss``), which all-reduces only each
+token's max and sum of exponentials over TP, so the last stage never holds more than 1/tp of the logits
+or their gradient. The context must cover the backward too; the trainer enters it around its own
+forward-loss-backward and around ``schedule.step``, inside which the pipeline schedules run the last
+stage's loss and backward.
 
 The model itself knows nothing of this (``trainer.model`` has no torch.distributed): its attention
 counts heads from the QKV projection's local width, and every parameter is first initialised whole, as in
@@ -28,7 +29,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
-                                               RowwiseParallel, SequenceParallel, parallelize_module)
+                                               RowwiseParallel, SequenceParallel, loss_parallel,
+                                               parallelize_module)
 
 
 def interleave_qkv_heads(weight: torch.Tensor, tp: int) -> None:
@@ -67,7 +69,8 @@ def _plan(chunk: nn.Module, sp: bool) -> dict[str, object]:
     if chunk.lm_head is not None:
         if sp:
             plan["norm_f"] = SequenceParallel()
-        plan["lm_head"] = ColwiseParallel(input_layouts=seq if sp else Replicate(), output_layouts=Replicate())
+        plan["lm_head"] = ColwiseParallel(input_layouts=seq if sp else Replicate(), output_layouts=Shard(-1),
+                                          use_local_output=False)
     for style in plan.values():
         if hasattr(style, "src_data_rank"):
             style.src_data_rank = None  # every rank holds the same whole init: slice locally, no broadcast
@@ -80,6 +83,47 @@ def apply_tp(chunk: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> 
     for block in chunk.layers.values():
         interleave_qkv_heads(block.attn.qkv.weight, tp)
     parallelize_module(chunk, tp_mesh, _plan(chunk, sequence_parallel))
+
+
+@contextlib.contextmanager
+def vocab_parallel_loss(enabled: bool) -> Iterator[None]:
+    """``loss_parallel`` while inside (when ``enabled``), left again even if the body raises.
+
+    torch's context manager only restores the default cross-entropy ops when its body returns normally;
+    a worker that runs many configs would otherwise keep the custom ops after a failed run. Exiting it
+    as if the body had succeeded runs its restoring half either way.
+    """
+    if not enabled:
+        yield
+        return
+    cm = loss_parallel()
+    cm.__enter__()
+    try:
+        yield
+    finally:
+        cm.__exit__(None, None, None)
+
+
+def compile_for_async_tp(chunk: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """``tensor_parallel.comm_overlap``: torch's asynchronous TP on each transformer block (torchtitan's recipe).
+
+    Inductor's micro-pipeline pass rewrites an all-gather feeding a matmul, and a matmul feeding a
+    reduce-scatter, into chunked kernels over CUDA symmetric memory that overlap the transfer with the
+    GEMM; it only sees collectives inside a compiled graph, so the blocks (where the sequence-parallel
+    gathers and reduce-scatters sit) are compiled. The pass is switched on through the compile options of
+    these blocks alone, not inductor's global config, so a worker's later runs are unaffected.
+    ``Module.compile`` compiles in place: parameter names, and so fingerprints and optimizer state, stay
+    those of the eager model.
+    """
+    from torch.distributed import _symmetric_memory
+
+    enable = getattr(_symmetric_memory, "enable_symm_mem_for_group", None)
+    # Older torch needs the group registered for symmetric memory; newer marks the call deprecated
+    # (every group can allocate it) and warns, so it is only made where still needed.
+    if enable is not None and not getattr(enable, "__deprecated__", None):
+        enable(tp_mesh.get_group().group_name)
+    for block in chunk.layers.values():
+        block.compile(options={"_micro_pipeline_tp": True})
 
 
 def finish_grads(params: list[nn.Parameter]) -> None:

@@ -44,11 +44,6 @@ def megatron_args(cfg: TrainConfig) -> tuple[list[str], list[str]]:
     add("--pipeline-model-parallel-size", cfg.parallel.pp)
     if tpc.size > 1 and tpc.sequence_parallel:
         add("--sequence-parallel")
-    if tpc.size > 1:
-        # The trainer all-gathers the LM head's logits; Megatron computes a vocabulary-parallel cross entropy.
-        notes.append(f"differs: tensor_parallel.size={tpc.size}: the trainer gathers the output logits over the "
-                     f"tensor-parallel group before the loss, Megatron keeps them vocabulary-parallel (same maths, "
-                     f"less memory and traffic in Megatron)")
     _pipeline(cfg, add, notes)
     _data_parallel(cfg, add, notes)
     _recompute(cfg.to_dict()["recompute"], add, notes)

@@ -103,10 +103,6 @@ def mapping_notes(train_cfg: Any) -> list[str]:
     if isinstance(dpc, FsdpDP) and par.dp > 1:
         notes.append("data_parallel.kind=fsdp: the prediction adds FSDP's unsharded buffers (gathered blocks, the "
                      "reduce-scatter input, accumulated gradients), which the CPU measurement does not count")
-    if train_cfg.tensor_parallel.size > 1:
-        notes.append("tensor_parallel: the trainer all-gathers the LM head's logits over the tensor-parallel group "
-                     "(no vocabulary-parallel loss), so its last stage saves full-vocabulary logits where the planner "
-                     "counts 1/tp of them: activations there are under-predicted")
     if par.pp == 1 and train_cfg.pipeline.schedule != "1f1b":
         notes.append(f"pipeline.schedule={train_cfg.pipeline.schedule} has no effect with pp=1 (gradient "
                      f"accumulation, one microbatch in flight)")

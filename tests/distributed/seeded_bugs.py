@@ -140,6 +140,30 @@ def bug_sp_norm_grads_not_reduced():
     run.finish_grads = finish
 
 
+def bug_vocab_parallel_loss_local_softmax_normaliser():
+    """Vocabulary-parallel cross-entropy whose softmax normaliser is each TP rank's own shard's sum of
+    exponentials: Megatron's all-reduce of sum_exp_logits in its vocab-parallel cross-entropy left out. The
+    target's logit is still found on its owning rank, so the loss looks plausible, only too small."""
+    import torch
+    import torch.distributed.tensor.parallel.loss as lp
+
+    lp._log_softmax = lambda x, dim, half_to_float, mesh, mesh_dim: torch.log_softmax(x, dim)
+
+
+def bug_vocab_parallel_loss_divided_by_tp():
+    """A vocabulary-parallel loss normalised by the replica's tokens times tp, as if each TP rank's loss were
+    a partial sum that the ranks add up; loss_parallel's loss is already the whole vocabulary's on every rank."""
+    import trainer.run as run
+    from torch.distributed.tensor import DTensor
+
+    orig = run.token_loss
+
+    def loss(logits, target, replica_tokens):
+        tp = logits.device_mesh.size() if isinstance(logits, DTensor) else 1
+        return orig(logits, target, replica_tokens * tp)
+    run.token_loss = loss
+
+
 SMALL_BUCKET_BYTES = 100_000
 """bug_bf16_small_buckets: buckets under 0.1 MB are reduced in bf16 (the tiny model's gradients are ~0.25 MB)."""
 
@@ -200,4 +224,6 @@ BUGS = [
     (bug_tp_row_parallel_output_not_reduced, {"tensor_parallel.size": 2, "tensor_parallel.sequence_parallel": False},
      0, "loss"),
     (bug_sp_norm_grads_not_reduced, {"tensor_parallel.size": 2}, 2, "loss"),  # Adam turns the skew into steps
+    (bug_vocab_parallel_loss_local_softmax_normaliser, {"tensor_parallel.size": 2}, 0, "loss"),
+    (bug_vocab_parallel_loss_divided_by_tp, {"tensor_parallel.size": 2, "parallel.pp": 2}, 0, "loss"),
 ]

@@ -101,6 +101,18 @@ def test_tensor_parallel_matches_the_single_process_reference():
     assert rest[0].phases["tp_comm"]["max"] > 0
 
 
+@two_gpus
+def test_tensor_parallel_comm_overlap_matches_the_single_process_reference():
+    """tensor_parallel.comm_overlap: torch's asynchronous TP (compiled blocks, micro-pipelined all-gather and
+    reduce-scatter matmuls over symmetric memory) learns what one GPU learns."""
+    (ref,) = spawn_many([cfg(FP32)])
+    rest = spawn_many([cfg(FP32, tensor_parallel__size=2, tensor_parallel__comm_overlap=True),
+                       cfg(FP32, tensor_parallel__size=2, tensor_parallel__comm_overlap=True, recompute__kind="full")])
+    assert_matches(ref, rest, ["tp 2 sp comm_overlap", "tp 2 sp comm_overlap full recompute"])
+    assert rest[0].config["tensor_parallel"]["comm_overlap"] is True
+    assert rest[0].memory["param_bytes"]["max"] < 0.6 * ref.memory["param_bytes"]["max"]
+
+
 def test_profiled_warmup_update_records_cuda_kernels(tmp_path):
     import gzip
     import json

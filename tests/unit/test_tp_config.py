@@ -36,9 +36,11 @@ def test_tp_multiplies_the_world():
     ({"tensor_parallel": {"size": 2.0}}, "tensor_parallel.size: expected an integer"),
     ({"tensor_parallel": {"sequence_parallel": 1}}, "tensor_parallel.sequence_parallel: expected true or false"),
     ({"tensor_parallel": {"size": 2, "comm_overlap": True}},
-     "tensor_parallel.comm_overlap: torch's asynchronous TP needs CUDA"),
-    ({"tensor_parallel": {"size": 2, "comm_overlap": True}, "run": {"device": "cuda"}},
-     "tensor_parallel.comm_overlap: torch's asynchronous TP needs CUDA"),
+     "tensor_parallel.comm_overlap: torch's asynchronous TP needs run.device=cuda (CUDA symmetric memory), not cpu"),
+    ({"tensor_parallel": {"size": 2, "comm_overlap": True}, "run": {"device": "cuda"}, "recompute": {"kind": "op"}},
+     "tensor_parallel.comm_overlap: the blocks it compiles cannot trace recompute.kind=op"),
+    ({"tensor_parallel": {"size": 2, "comm_overlap": True}, "run": {"device": "cuda"}, "recompute": {"kind": "selective"}},
+     "tensor_parallel.comm_overlap: the blocks it compiles cannot trace recompute.kind=selective"),
     ({"tensor_parallel": {"size": 2, "sequence_parallel": False, "comm_overlap": True}},
      "tensor_parallel.comm_overlap: needs tensor_parallel.sequence_parallel"),
     ({"tensor_parallel": {"size": 2}, "data_parallel": {"kind": "torch_ddp"}}, "data_parallel.kind: torch_ddp cannot"),
@@ -54,6 +56,31 @@ def test_undivisible_fields_are_fine_without_tp():
     _cfg(model={"vocab_size": 127, "d_ff": 100, "seq_len": 30})
     _cfg(model={"seq_len": 30}, tensor_parallel={"size": 2, "sequence_parallel": False})
     _cfg(tensor_parallel={"comm_overlap": True})  # a no-op at size 1, as for the planner
+
+
+OVERLAP_ON_CUDA = {"tensor_parallel": {"size": 2, "comm_overlap": True}, "run": {"device": "cuda"}}
+
+
+def test_comm_overlap_on_cuda_is_refused_without_a_gpu_or_symmetric_memory(monkeypatch):
+    """The reason names what is missing here: no GPU, or a torch without symmetric memory; with both, it loads."""
+    import importlib.util
+
+    import torch
+
+    with pytest.raises(ValueError, match=re.escape("tensor_parallel.comm_overlap: torch's asynchronous TP needs CUDA "
+                                                   "and this torch sees no GPU")) as err:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        _cfg(**OVERLAP_ON_CUDA)
+    assert "\n" not in str(err.value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch.distributed._symmetric_memory" else find_spec(name, *a))
+    with pytest.raises(ValueError, match="has no torch.distributed._symmetric_memory"):
+        _cfg(**OVERLAP_ON_CUDA)
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    cfg = _cfg(**OVERLAP_ON_CUDA, recompute={"kind": "full"})
+    assert cfg.tensor_parallel.comm_overlap and cfg.run.device == "cuda"
 
 
 
