@@ -90,7 +90,8 @@ def ledger_records(lines: Sequence[TrialRecord], cluster: ClusterSpec, efficienc
 def _measured(result: Result) -> dict[str, float]:
     out = {k: float(getattr(result.summary, k)) for k in ("step_time_s", "peak_memory_bytes")
            if getattr(result.summary, k)}
-    return {**out, **trainer_phase_metrics(result.phases)}
+    tp = (result.config.get("tensor_parallel") or {}).get("size", 1) > 1
+    return {**out, **trainer_phase_metrics(result.phases, tp)}
 
 
 def calibrate_from_ledger(ledger_path: str | Path, cluster: ClusterSpec, efficiency: Efficiency | None = None,

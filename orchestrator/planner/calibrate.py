@@ -53,18 +53,21 @@ NESTED_IN_TP = ("forward", "backward", "optimizer")
 compute terms exclude it: with tensor parallelism they are not comparable and are left out."""
 
 
-def trainer_phase_metrics(phases: Mapping[str, Any]) -> dict[str, float]:
-    """A trainer result's ``phases`` as the planner's metric names (see TRAINER_PHASES, NESTED_IN_TP)."""
+def trainer_phase_metrics(phases: Mapping[str, Any], tensor_parallel: bool = False) -> dict[str, float]:
+    """A trainer result's ``phases`` as the planner's metric names (see TRAINER_PHASES, NESTED_IN_TP).
+
+    ``tensor_parallel``: the run had tp > 1. Its forward/backward/optimizer times then hold TP communication
+    (timed as ``tp_comm``, or hidden inside compiled blocks under comm_overlap, where tp_comm reads 0)."""
     out = {}
-    tp = bool(((phases.get("tp_comm") or {}).get("max") if isinstance(phases.get("tp_comm"), Mapping)
-               else phases.get("tp_comm")) or 0)
     for phase, name in TRAINER_PHASES.items():
         value = phases.get(phase)
         if isinstance(value, Mapping):
             value = value.get("max")
-        if value is not None and not (tp and phase in NESTED_IN_TP):
+        if value is not None and not (tensor_parallel and phase in NESTED_IN_TP):
             out[name] = float(value)
     return out
+
+
 PRIOR_WEIGHT = 0.01
 
 
@@ -95,7 +98,10 @@ def _metrics(record: Mapping[str, Any]) -> dict[str, float]:
         for name in METRICS:
             if name in source and name not in found and source[name] is not None:
                 found[name] = float(source[name])
-    for name, value in trainer_phase_metrics(record.get("phases", {})).items():
+    cfg = record.get("config")
+    cfg = cfg if isinstance(cfg, Mapping) else {}
+    tp = (cfg.get("tensor_parallel") or {}).get("size", cfg.get("tensor_parallel.size", 1)) > 1
+    for name, value in trainer_phase_metrics(record.get("phases", {}), tp).items():
         found.setdefault(name, value)
     return found
 

@@ -98,3 +98,15 @@ def test_trainer_result_shape_and_full_configs_are_read():
 def test_bad_calibration_input(records, fit, match):
     with pytest.raises(ValueError, match=match):
         calibrate(records, _base(START), fit=fit)
+
+
+def test_trainer_phases_under_tensor_parallelism_leave_out_what_holds_tp_communication():
+    from orchestrator.planner.calibrate import trainer_phase_metrics
+
+    phases = {"forward": {"max": 1.0}, "backward": {"max": 2.0}, "optimizer": {"max": 0.1},
+              "dp_comm_wait": {"max": 0.2}, "pipeline_idle": {"max": 0.3}, "tp_comm": {"max": 0.0}}
+    assert trainer_phase_metrics(phases) == {"forward_s": 1.0, "backward_incl_recompute_s": 2.0, "optimizer_s": 0.1,
+                                             "dp_exposed_s": 0.2, "pp_idle_s": 0.3, "tp_comm_s": 0.0}
+    # tp > 1 (tp_comm may read 0 when compiled blocks hide it): forward/backward/optimizer are not comparable
+    assert trainer_phase_metrics(phases, tensor_parallel=True) == {"dp_exposed_s": 0.2, "pp_idle_s": 0.3,
+                                                                  "tp_comm_s": 0.0}
