@@ -53,6 +53,9 @@ MAPPING = [
      {"dp": 2, "bucket_mb": 8.0, "kind": "torch_ddp"}),
     ({"parallel.dp": 2, "data_parallel.kind": "fsdp", "data_parallel.prefetch": 2},
      {"dp": 2, "kind": "fsdp", "bucket_mb": None, "microbatches": 8}),
+    ({"tensor_parallel.size": 2, "parallel.pp": 2}, {"gpus": 4, "tp": 2, "pp": 2, "dp": 1}),  # the world is tp x pp x dp
+    ({"tensor_parallel.size": 2, "parallel.dp": 2, "tensor_parallel.sequence_parallel": False},
+     {"gpus": 4, "tp": 2, "dp": 2, "microbatches": 8}),
 ]
 
 
