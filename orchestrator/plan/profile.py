@@ -78,7 +78,7 @@ def _recompute(kind: str, base: Any, layers: int) -> Any:
 
 
 def derive_slices(sweep: Mapping[str, Any], ranks: int = 2, layers: int = 2, shrink: int = 1, steps: int = 4,
-                  device: str = "cpu") -> SlicePlan:
+                  device: str = "cpu", with_tp1: bool = False) -> SlicePlan:
     """The slice trial configs of a model-backend sweep file (a mapping; its file keys already resolved).
 
     ValueError naming the flag or field for anything that cannot make a slice.
@@ -123,21 +123,27 @@ def derive_slices(sweep: Mapping[str, Any], ranks: int = 2, layers: int = 2, shr
     variants = [(mbs0, kind0)]
     variants += [(int(b), kind0) for b in _choices(sweep.get("space"), "batch.micro_batch_size") if int(b) != mbs0]
     variants += [(mbs0, str(k)) for k in _choices(sweep.get("space"), "recompute.kind") if str(k) != kind0]
-    dp = ranks // tp
     shape = {"d_model": hidden, "n_heads": heads, "d_ff": ffn, "vocab_size": vocab, "seq_len": plan.job.seq_len,
              "precision": precision}
     slices = []
-    for mbs, kind in dict.fromkeys(variants):
+    variants = [(m_, k_, tp) for m_, k_ in dict.fromkeys(variants)]
+    if tp > 1 and with_tp1:
+        # At tp > 1 the trainer's forward/backward/optimizer phases hold the TP collectives, so calibration
+        # cannot use them; one tp 1 slice of the baseline measures the compute phases alone.
+        variants.append((mbs0, kind0, 1))
+    for mbs, kind, tp_ in variants:
+        dp = ranks // tp_
         cfg = TrainConfig(
             model=dataclasses.replace(TrainConfig().model, n_layers=layers, d_model=hidden, n_heads=heads, d_ff=ffn,
                                       vocab_size=vocab, seq_len=plan.job.seq_len),
             # Two microbatches per replica: gradient accumulation as production does it, at the least cost.
             batch=dataclasses.replace(plan.batch, global_batch=mbs * dp * 2, micro_batch_size=mbs),
-            parallel=dataclasses.replace(plan.parallel, pp=1, dp=dp), tensor_parallel=tpc,
+            parallel=dataclasses.replace(plan.parallel, pp=1, dp=dp),
+            tensor_parallel=tpc if tp_ == tp else dataclasses.replace(tpc, size=1, comm_overlap=False),
             recompute=_recompute(kind, plan.recompute, layers),
             run=dataclasses.replace(TrainConfig().run, steps=steps, warmup_steps=1, precision=precision,
                                     device=device, timeline_steps=0))
-        slices.append(Slice(f"mbs={mbs} recompute={kind}", cfg))
+        slices.append(Slice(f"mbs={mbs} recompute={kind}" + (" tp=1" if tp_ != tp else ""), cfg))
     return SlicePlan(tuple(slices), shape, layers, ranks, tp, shrink, tuple(notes))
 
 
@@ -177,8 +183,11 @@ def memory_refusal(slices: SlicePlan, cluster: ClusterSpec, prior: Efficiency, c
 @dataclass(frozen=True)
 class SliceFit:
     calibration: Calibration
-    rows: tuple[tuple[str, float, float], ...]
-    """(slice name, measured step time, step time predicted with the fitted efficiency)."""
+    rows: tuple[tuple[str, float, float, float], ...]
+    """(slice name, measured step time, the same with its TP collectives at the cluster file's price, step time
+    predicted with the fitted efficiency)."""
+    tp_comm: tuple[tuple[str, float, float], ...] = ()
+    """(slice name, measured TP communication, the planner's from the cluster file's network) at tp > 1."""
 
 
 def fit_slices(slices: SlicePlan, results: Sequence[Any], cluster: ClusterSpec, prior: Efficiency) -> SliceFit:
@@ -190,17 +199,29 @@ def fit_slices(slices: SlicePlan, results: Sequence[Any], cluster: ClusterSpec, 
 
     if prior.flash_attention_eff is None:  # None reads as attention_eff; the fit needs a number to start from
         prior = dataclasses.replace(prior, flash_attention_eff=prior.attention_eff)
-    records = []
+    records, tp_rows = [], []
     for s, result in zip(slices.slices, results):
         plan = plan_for_trial(s.config, cluster, prior)
-        records.append((s.name, plan, {k: v for k, v in _measured(result).items() if k in COMPUTE_METRICS}))
+        measured = {k: v for k, v in _measured(result).items() if k in COMPUTE_METRICS}
+        if s.config.parallel.dp > 1:  # its step holds the DP gradient all-reduce: network time, not fitted here
+            measured = {k: v for k, v in measured.items() if k != "step_time_s"}
+        tp_meas = _measured(result).get("tp_comm_s", 0.0)
+        tp_pred = _evaluate(plan, encode([plan]), prior)["tp_comm_s"]
+        if "step_time_s" in measured and s.config.tensor_parallel.size > 1:
+            # The measured TP collectives are this node's links, priced by the cluster file (netcal), not by
+            # the compute efficiencies: swap them for the planner's own figure so the fit cannot soak them up.
+            measured["step_time_s"] += tp_pred - tp_meas
+        records.append((s.name, plan, measured))
+        tp_rows.append((s.name, tp_meas, tp_pred))
     fit = list(COMPUTE_FIT)
     if len({s.config.batch.micro_batch_size for s in slices.slices}) > 2:
         fit.append("gemm_tokens_half")  # trades off against matmul_eff unless the GEMM sizes vary
     cal = calibrate([{"config": p, "measured": m} for _, p, m in records], records[0][1], fit=tuple(fit))
-    rows = tuple((name, meas["step_time_s"], _evaluate(p, encode([p]), cal.efficiency)["step_time_s"])
-                 for name, p, meas in records)
-    return SliceFit(cal, rows)
+    # The error is of what was fitted: the step with the measured TP collectives priced as the cluster file does.
+    rows = tuple((s.name, float(r.summary.step_time_s), m.get("step_time_s", float(r.summary.step_time_s)),
+                  _evaluate(p, encode([p]), cal.efficiency)["step_time_s"])
+                 for s, r, (_, p, m) in zip(slices.slices, results, records))
+    return SliceFit(cal, rows, tuple(r for r, sl in zip(tp_rows, slices.slices) if sl.config.tensor_parallel.size > 1))
 
 
 def provenance(slices: SlicePlan, fitted: SliceFit, results: Sequence[Any], config: str, cluster_file: str,
@@ -213,11 +234,13 @@ def provenance(slices: SlicePlan, fitted: SliceFit, results: Sequence[Any], conf
             "shape": dict(slices.shape), "layers": slices.layers, "ranks": slices.ranks, "tp": slices.tp,
             "shrink": slices.shrink,
             "production_gemms": slices.shrink == 1,
-            "slices": [{"name": n, "measured_step_s": round(m, 6), "fitted_step_s": round(p, 6),
-                        "error_pct": round(100 * (p - m) / m, 2)} for n, m, p in fitted.rows],
+            "slices": [{"name": n, "measured_step_s": round(raw, 6), "compared_step_s": round(m, 6),
+                        "fitted_step_s": round(p, 6), "error_pct": round(100 * (p - m) / m, 2)}
+                       for n, raw, m, p in fitted.rows],
             "fitted": sorted(cal.fitted), "fit_mean_abs_error_pct": {k: round(v["mean_abs_pct"], 2)
                                                                      for k, v in cal.errors_after.items()},
             "network": "not fitted: tp/dp/pp bandwidth efficiencies are the cluster file's (steptune netcal)",
+            "tp_comm": [{"name": n, "measured_s": round(m, 6), "predicted_s": round(p, 6)} for n, m, p in fitted.tp_comm],
             "notes": list(slices.notes)}
 
 
@@ -242,9 +265,12 @@ def now() -> str:
 
 
 def format_table(fitted: SliceFit) -> str:
-    w = max(len(n) for n, _, _ in fitted.rows)
-    lines = [f"{'slice':<{w}}  {'measured s':>10}  {'fitted s':>10}  {'error':>7}"]
-    lines += [f"{n:<{w}}  {m:10.4f}  {p:10.4f}  {100 * (p - m) / m:+6.1f}%" for n, m, p in fitted.rows]
+    w = max(len(r[0]) for r in fitted.rows)
+    tp = fitted.tp_comm and "  (TP comm at the cluster file's price)"
+    lines = [f"{'slice':<{w}}  {'measured s':>10}  {'compared s':>10}  {'fitted s':>10}  {'error':>7}{tp or ''}"]
+    lines += [f"{n:<{w}}  {raw:10.4f}  {m:10.4f}  {p:10.4f}  {100 * (p - m) / m:+6.1f}%" for n, raw, m, p in fitted.rows]
+    lines += [f"{n}: tp comm measured {m:.4f} s, the cluster file's network predicts {p:.4f} s (not fitted here: "
+              f"steptune netcal measures it)" for n, m, p in fitted.tp_comm]
     return "\n".join(lines)
 
 
@@ -289,7 +315,11 @@ def run(args: Any) -> int:
     if device == "cuda" and torch.cuda.device_count() < args.ranks:
         raise ValueError(f"--ranks {args.ranks}: this node has {torch.cuda.device_count()} GPU(s)")
     if refusal := memory_refusal(slices, cluster, prior, args.cluster):
-        raise ValueError(refusal)
+        # Name the smallest power-of-two shrink that fits, so the next command is one edit away.
+        shrink = next((f for f in (args.shrink * 2 ** k for k in range(1, 11)) if memory_refusal(
+            derive_slices({**raw, "planner": planner}, args.ranks, args.layers, f, args.steps, device),
+            cluster, prior, args.cluster) is None), None)
+        raise ValueError(refusal + (f"; --shrink {shrink} fits" if shrink else ""))
     out = Path(args.out) if args.out else Path("results") / "profile" / f"{raw.get('name', path.stem)}.yaml"
     print(f"profiling {len(slices.slices)} slice(s) of {path} on {args.ranks} {device} rank(s), tp {slices.tp}: "
           + ", ".join(f"{k} {v}" for k, v in slices.shape.items()) + f", {slices.layers} layers")
