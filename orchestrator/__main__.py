@@ -6,6 +6,7 @@
     steptune report [--sweep NAME]                     # the table again, from the ledger (default: most recent)
     steptune export [--sweep NAME] [--trial N] [--out DIR] [--force]
     steptune calibrate [--sweep NAME] [--cluster FILE]
+    steptune profile --config FILE [--ranks N] [--layers L] [--shrink F]
 
 Exit status: 0 done; 1 the sweep started and stopped (its baseline failed, Ray failed, another driver holds
 it); 2 bad input, refused before anything was launched or written; 130 interrupted. docs/cli.md has the rest.
@@ -187,6 +188,18 @@ def _netcal(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _profile_args(p: argparse.ArgumentParser) -> None:
+    from orchestrator.plan.profile import add_arguments
+
+    add_arguments(p)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from orchestrator.plan.profile import run
+
+    return run(args)
+
+
 COMMANDS: list[Command] = [
     Command("sweep", "run or resume a sweep",
             "Run (or resume) the sweep a file describes: a baseline, then trials until the target is met and "
@@ -208,6 +221,12 @@ COMMANDS: list[Command] = [
             "Read nccl-tests output (all_reduce_perf, reduce_scatter_perf, all_gather_perf, sendrecv_perf), fit "
             "the planner's bandwidth and latency per tier to it, and write a cluster file with basis: measured "
             "and its provenance. --measure N measures N local ranks first (gloo on CPU).", _netcal_args, _netcal),
+    Command("profile", "fit the planner's compute to runs of the layer shape",
+            "Derive from a model-backend sweep file short trials of its production layer shape (hidden size, heads, "
+            "ffn, vocab, sequence length, precision, the space's micro-batch sizes and recompute kinds; --layers "
+            "layers on --ranks local ranks), refuse in one line if the planner predicts they cannot fit, run them, "
+            "and fit the planner's compute-side efficiencies to them: a calibration file with basis: measured.",
+            _profile_args, _profile),
 ]
 
 

@@ -138,8 +138,11 @@ def format_calibration(cal: Calibration) -> str:
     return "\n".join(lines)
 
 
-def write_calibration(cal: Calibration, path: str | Path, cluster_file: str | None = None) -> Path:
-    """The calibrated efficiency as YAML (``efficiency:`` is all ``load_calibration`` reads back)."""
+def write_calibration(cal: Calibration, path: str | Path, cluster_file: str | None = None,
+                      provenance: Mapping[str, Any] | None = None, header: str | None = None) -> Path:
+    """The calibrated efficiency as YAML (``efficiency:`` is all ``load_calibration`` reads back).
+
+    ``provenance`` (``steptune profile``: basis, hardware, shapes) is for people, like a cluster file's."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {
@@ -153,8 +156,11 @@ def write_calibration(cal: Calibration, path: str | Path, cluster_file: str | No
             "not_used": [{"trial": t, "why": w} for t, w in getattr(cal, "skipped", ())],
         },
     }
-    header = ("# Planner efficiency fitted by `python -m orchestrator calibrate` to a sweep's measured trials.\n"
-              "# Point a sweep's prefilter.calibration here; only the efficiency: section is read back.\n")
+    if provenance is not None:
+        doc["provenance"] = dict(provenance)
+    header = header or ("# Planner efficiency fitted by `python -m orchestrator calibrate` to a sweep's measured "
+                        "trials.\n# Point a sweep's prefilter.calibration here; only the efficiency: section is "
+                        "read back.\n")
     path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
     return path
 

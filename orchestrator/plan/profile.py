@@ -1,0 +1,357 @@
+"""The compute, measured: a model-backend sweep file -> short real runs of its layer shape -> a calibration file.
+
+``derive_slices`` (pure) turns the file's ``planner:`` model, job and knob sections and its ``space:`` into
+trainer configs of the production layer shape with only ``layers`` layers: every micro-batch size and every
+recompute kind of the space, each once (not their product), on ``ranks`` local ranks at the production
+tensor-parallel size when it divides them. ``memory_refusal`` predicts each slice's peak with the planner's
+memory model (the pre-filter's) before anything runs. ``fit_slices`` hands the measured results to the
+planner's calibration, compute side only: the network stays whatever the cluster file says (``steptune
+netcal`` measures that half). ``run`` is ``steptune profile``; the slices run on the trainer's local launcher
+(``trainer.launch.spawn_many``: one world for every slice, real processes, parity off).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from orchestrator.planner import Calibration, ClusterSpec, Efficiency, calibrate
+from orchestrator.planner.parse import plan_config_from_dict
+from orchestrator.units import fmt_bytes
+
+COMPUTE_FIT = ("matmul_eff", "flash_attention_eff", "op_overhead_us", "elementwise_bw_eff", "optimizer_bw_eff",
+               "mem_activation_factor")
+"""What one node's slices can tell apart. The network efficiencies (tp/dp/pp_bw_eff) are never fitted here:
+a slice's collectives run over this node's links, not the production fabric."""
+COMPUTE_METRICS = ("step_time_s", "forward_s", "backward_incl_recompute_s", "optimizer_s", "peak_memory_bytes")
+"""Measured phases fitted; dp and tp communication waits are network time and left out."""
+PRECISION = {"mixed": "bf16", "bf16_autocast": "bf16", "fp32": "fp32"}
+"""Planner job.precision -> trainer run.precision (the trainer's bf16 is autocast over fp32 weights)."""
+
+
+@dataclass(frozen=True)
+class Slice:
+    name: str
+    """What varies from the first slice, e.g. ``mbs=2 recompute=full``."""
+    config: Any
+    """The trainer config (``trainer.config.TrainConfig``)."""
+
+
+@dataclass(frozen=True)
+class SlicePlan:
+    slices: tuple[Slice, ...]
+    shape: dict[str, int | str]
+    """d_model, n_heads, d_ff, vocab_size, seq_len, precision as run."""
+    layers: int
+    ranks: int
+    tp: int
+    shrink: int
+    notes: tuple[str, ...]
+    """Where the slice differs from the production model or job."""
+
+
+def _choices(space: Mapping[str, Any], name: str) -> list[Any]:
+    spec = ((space or {}).get("params") or {}).get(name)
+    if not isinstance(spec, Mapping):
+        return []
+    if "choices" in spec:
+        return list(spec["choices"])
+    if spec.get("type") == "int":  # a range: its ends bracket what the sweep will try
+        return sorted({int(spec["low"]), int(spec["high"])})
+    return []
+
+
+def _recompute(kind: str, base: Any, layers: int) -> Any:
+    from trainer.knobs import FullRecompute, NoRecompute, OpRecompute, SelectiveRecompute
+
+    if kind == base.kind:  # keep the production settings (modules, method), within the slice's layers
+        return (dataclasses.replace(base, num_layers=min(base.num_layers, layers))
+                if isinstance(base, FullRecompute) else base)
+    table = {"none": NoRecompute(), "selective": SelectiveRecompute(), "op": OpRecompute(),
+             "full": FullRecompute(method="uniform", num_layers=1)}
+    if kind not in table:
+        raise ValueError(f"space.params.recompute.kind: {kind!r} is not one of {', '.join(table)}")
+    return table[kind]
+
+
+def derive_slices(sweep: Mapping[str, Any], ranks: int = 2, layers: int = 2, shrink: int = 1, steps: int = 4,
+                  device: str = "cpu", with_tp1: bool = False) -> SlicePlan:
+    """The slice trial configs of a model-backend sweep file (a mapping; its file keys already resolved).
+
+    ValueError naming the flag or field for anything that cannot make a slice.
+    """
+    from trainer.config import TrainConfig
+
+    for flag, value, low in (("--ranks", ranks, 1), ("--layers", layers, 1), ("--shrink", shrink, 1),
+                             ("--steps", steps, 2)):
+        if not isinstance(value, int) or value < low:
+            raise ValueError(f"{flag}: must be an integer >= {low}, got {value!r}")
+    if not isinstance(sweep.get("planner"), Mapping):
+        raise ValueError("planner: section missing (profile reads a sweep file with backend: model)")
+    plan = plan_config_from_dict(sweep["planner"])
+    m, notes = plan.model, []
+    tp = plan.tensor_parallel.size
+    if ranks % tp:
+        notes.append(f"tensor_parallel.size={tp} does not divide --ranks {ranks}: the slice runs at tp 1, so its "
+                     f"GEMMs are the whole layer's, not one TP rank's")
+        tp = 1
+    heads, hidden, ffn, vocab = m.num_heads, m.hidden_size, m.ffn_hidden_size or 4 * m.hidden_size, m.vocab_size
+    if shrink > 1:
+        # Divide, then round down to what tensor parallelism needs: whole heads, MLP and vocabulary per rank.
+        heads = max(tp, heads // shrink // tp * tp)
+        hidden = heads * max(1, hidden // shrink // heads)
+        ffn, vocab = (max(tp, v // shrink // tp * tp) for v in (ffn, vocab))
+        notes.append(f"--shrink {shrink}: hidden {m.hidden_size}->{hidden}, heads {m.num_heads}->{heads}, ffn "
+                     f"{m.ffn_hidden_size or 4 * m.hidden_size}->{ffn}, vocab {m.vocab_size}->{vocab}: the fit "
+                     f"does not describe the production GEMMs")
+    notes += _model_notes(m)
+    precision = PRECISION[plan.job.precision]
+    if plan.job.precision == "mixed":
+        notes.append("job.precision=mixed runs as the trainer's bf16 autocast (fp32 weights and Adam state): "
+                     "the GEMMs are bf16 as in production, the memory per parameter is not")
+    tpc = plan.tensor_parallel
+    if tpc.comm_overlap and device != "cuda":
+        notes.append("tensor_parallel.comm_overlap needs CUDA: the slice runs without it")
+        tpc = dataclasses.replace(tpc, comm_overlap=False)
+    tpc = dataclasses.replace(tpc, size=tp, **({"comm_overlap": False} if tp == 1 else {}))
+    base_knobs = sweep.get("baseline") or {}
+    mbs0 = int(base_knobs.get("batch.micro_batch_size", plan.batch.micro_batch_size))
+    kind0 = str(base_knobs.get("recompute.kind", plan.recompute.kind))
+    variants = [(mbs0, kind0)]
+    variants += [(int(b), kind0) for b in _choices(sweep.get("space"), "batch.micro_batch_size") if int(b) != mbs0]
+    variants += [(mbs0, str(k)) for k in _choices(sweep.get("space"), "recompute.kind") if str(k) != kind0]
+    shape = {"d_model": hidden, "n_heads": heads, "d_ff": ffn, "vocab_size": vocab, "seq_len": plan.job.seq_len,
+             "precision": precision}
+    slices = []
+    variants = [(m_, k_, tp) for m_, k_ in dict.fromkeys(variants)]
+    if tp > 1 and with_tp1:
+        # At tp > 1 the trainer's forward/backward/optimizer phases hold the TP collectives, so calibration
+        # cannot use them; one tp 1 slice of the baseline measures the compute phases alone.
+        variants.append((mbs0, kind0, 1))
+    for mbs, kind, tp_ in variants:
+        dp = ranks // tp_
+        cfg = TrainConfig(
+            model=dataclasses.replace(TrainConfig().model, n_layers=layers, d_model=hidden, n_heads=heads, d_ff=ffn,
+                                      vocab_size=vocab, seq_len=plan.job.seq_len),
+            # Two microbatches per replica: gradient accumulation as production does it, at the least cost.
+            batch=dataclasses.replace(plan.batch, global_batch=mbs * dp * 2, micro_batch_size=mbs),
+            parallel=dataclasses.replace(plan.parallel, pp=1, dp=dp),
+            tensor_parallel=tpc if tp_ == tp else dataclasses.replace(tpc, size=1, comm_overlap=False),
+            recompute=_recompute(kind, plan.recompute, layers),
+            run=dataclasses.replace(TrainConfig().run, steps=steps, warmup_steps=1, precision=precision,
+                                    device=device, timeline_steps=0))
+        slices.append(Slice(f"mbs={mbs} recompute={kind}" + (" tp=1" if tp_ != tp else ""), cfg))
+    return SlicePlan(tuple(slices), shape, layers, ranks, tp, shrink, tuple(notes))
+
+
+def _model_notes(m: Any) -> list[str]:
+    """What the trainer's GPT (pre-LayerNorm, GELU MLP, MHA, learned positions, no biases) cannot reproduce."""
+    notes = []
+    h, f = m.hidden_size, m.ffn_hidden_size or 4 * m.hidden_size
+    if m.layer_gemms and tuple(map(tuple, m.layer_gemms)) != ((h, 3 * h), (h, h), (h, f), (f, h)):
+        notes.append("model.layer_gemms is not the trainer's QKV/proj/FC1/FC2 (a gated MLP or GQA?): the slice "
+                     "runs the two-matrix GELU MLP and full multi-head attention at the same ffn width")
+    if m.linear_biases:
+        notes.append("model.linear_biases: the trainer's GEMMs have no biases (a negligible difference in time)")
+    if not m.flash_attention:
+        notes.append("model.flash_attention=false: the trainer's SDPA picks fused kernels; the fit is of fused attention")
+    if m.position_embeddings == 0:
+        notes.append("model.position_embeddings=0 (rotary): the trainer learns absolute positions (seq_len rows)")
+    if m.tied_embeddings:
+        notes.append("model.tied_embeddings: the trainer's LM head is separate (one more vocab x hidden matrix)")
+    return notes
+
+
+def memory_refusal(slices: SlicePlan, cluster: ClusterSpec, prior: Efficiency, cluster_name: str) -> str | None:
+    """One line naming the first slice predicted over the memory budget and what it needs, or None."""
+    from orchestrator.plan.prefilter import MemoryPrefilter
+
+    check = MemoryPrefilter(cluster, prior)
+    for s in slices.slices:
+        v = check.verdict(s.config)
+        if v.skip:
+            return (f"slice {s.name} ({slices.layers} layers, d_model {slices.shape['d_model']}, tp {slices.tp}) "
+                    f"needs {fmt_bytes(v.predicted_bytes)} per rank (predicted), over the "
+                    f"{fmt_bytes(v.budget_bytes)} budget of {cluster_name}; nothing was run (a smaller shape: "
+                    f"--shrink F, or a cluster file with more memory)")
+    return None
+
+
+@dataclass(frozen=True)
+class SliceFit:
+    calibration: Calibration
+    rows: tuple[tuple[str, float, float, float], ...]
+    """(slice name, measured step time, the same with its TP collectives at the cluster file's price, step time
+    predicted with the fitted efficiency)."""
+    tp_comm: tuple[tuple[str, float, float], ...] = ()
+    """(slice name, measured TP communication, the planner's from the cluster file's network) at tp > 1."""
+
+
+def fit_slices(slices: SlicePlan, results: Sequence[Any], cluster: ClusterSpec, prior: Efficiency) -> SliceFit:
+    """Calibrate the compute-side efficiency to the slices' measured results (trainer Results, in order)."""
+    from orchestrator.plan.calibration import _measured
+    from orchestrator.plan.prefilter import plan_for_trial
+    from orchestrator.planner.calibrate import _evaluate
+    from orchestrator.planner.knobs import encode
+
+    if prior.flash_attention_eff is None:  # None reads as attention_eff; the fit needs a number to start from
+        prior = dataclasses.replace(prior, flash_attention_eff=prior.attention_eff)
+    records, tp_rows = [], []
+    for s, result in zip(slices.slices, results):
+        plan = plan_for_trial(s.config, cluster, prior)
+        measured = {k: v for k, v in _measured(result).items() if k in COMPUTE_METRICS}
+        if s.config.parallel.dp > 1:  # its step holds the DP gradient all-reduce: network time, not fitted here
+            measured = {k: v for k, v in measured.items() if k != "step_time_s"}
+        tp_meas = _measured(result).get("tp_comm_s", 0.0)
+        tp_pred = _evaluate(plan, encode([plan]), prior)["tp_comm_s"]
+        if "step_time_s" in measured and s.config.tensor_parallel.size > 1:
+            # The measured TP collectives are this node's links, priced by the cluster file (netcal), not by
+            # the compute efficiencies: swap them for the planner's own figure so the fit cannot soak them up.
+            measured["step_time_s"] += tp_pred - tp_meas
+        records.append((s.name, plan, measured))
+        tp_rows.append((s.name, tp_meas, tp_pred))
+    fit = list(COMPUTE_FIT)
+    if len({s.config.batch.micro_batch_size for s in slices.slices}) > 2:
+        fit.append("gemm_tokens_half")  # trades off against matmul_eff unless the GEMM sizes vary
+    cal = calibrate([{"config": p, "measured": m} for _, p, m in records], records[0][1], fit=tuple(fit))
+    # The error is of what was fitted: the step with the measured TP collectives priced as the cluster file does.
+    rows = tuple((s.name, float(r.summary.step_time_s), m.get("step_time_s", float(r.summary.step_time_s)),
+                  _evaluate(p, encode([p]), cal.efficiency)["step_time_s"])
+                 for s, r, (_, p, m) in zip(slices.slices, results, records))
+    return SliceFit(cal, rows, tuple(r for r, sl in zip(tp_rows, slices.slices) if sl.config.tensor_parallel.size > 1))
+
+
+def provenance(slices: SlicePlan, fitted: SliceFit, results: Sequence[Any], config: str, cluster_file: str,
+               hardware: str, torch_version: str, when: str) -> dict[str, Any]:
+    """What the calibration file's figures are: basis measured, on which hardware, of which shapes."""
+    cal = fitted.calibration
+    return {"basis": "measured", "command": "steptune profile", "sweep_file": config, "cluster_file": cluster_file,
+            "date": when, "hardware": hardware, "torch": torch_version,
+            "device": results[0].ranks[0].device_name if results and results[0].ranks else "?",
+            "shape": dict(slices.shape), "layers": slices.layers, "ranks": slices.ranks, "tp": slices.tp,
+            "shrink": slices.shrink,
+            "production_gemms": slices.shrink == 1,
+            "slices": [{"name": n, "measured_step_s": round(raw, 6), "compared_step_s": round(m, 6),
+                        "fitted_step_s": round(p, 6), "error_pct": round(100 * (p - m) / m, 2)}
+                       for n, raw, m, p in fitted.rows],
+            "fitted": sorted(cal.fitted), "fit_mean_abs_error_pct": {k: round(v["mean_abs_pct"], 2)
+                                                                     for k, v in cal.errors_after.items()},
+            "network": "not fitted: tp/dp/pp bandwidth efficiencies are the cluster file's (steptune netcal)",
+            "tp_comm": [{"name": n, "measured_s": round(m, 6), "predicted_s": round(p, 6)} for n, m, p in fitted.tp_comm],
+            "notes": list(slices.notes)}
+
+
+def hardware_name(results: Sequence[Any]) -> str:
+    """The GPU's name from the results, or this host's CPU model for a CPU run."""
+    name = results[0].ranks[0].device_name if results and results[0].ranks else "cpu"
+    if name != "cpu":
+        return name
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return "CPU: " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return "CPU: " + (platform.processor() or platform.machine())
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def format_table(fitted: SliceFit) -> str:
+    w = max(len(r[0]) for r in fitted.rows)
+    tp = fitted.tp_comm and "  (TP comm at the cluster file's price)"
+    lines = [f"{'slice':<{w}}  {'measured s':>10}  {'compared s':>10}  {'fitted s':>10}  {'error':>7}{tp or ''}"]
+    lines += [f"{n:<{w}}  {raw:10.4f}  {m:10.4f}  {p:10.4f}  {100 * (p - m) / m:+6.1f}%" for n, raw, m, p in fitted.rows]
+    lines += [f"{n}: tp comm measured {m:.4f} s, the cluster file's network predicts {p:.4f} s (not fitted here: "
+              f"steptune netcal measures it)" for n, m, p in fitted.tp_comm]
+    return "\n".join(lines)
+
+
+# ---- the command ----------------------------------------------------------------------------------------
+
+DEFAULT_CLUSTER = "search_spaces/clusters/cpu-local.yaml"
+
+
+def add_arguments(p: Any) -> None:
+    p.add_argument("--config", required=True, metavar="FILE", help="a model-backend sweep file (planner: + space:)")
+    p.add_argument("--ranks", type=int, default=2, help="local ranks to run the slices on (default: 2)")
+    p.add_argument("--layers", type=int, default=2, help="transformer layers per slice (default: 2)")
+    p.add_argument("--cluster", default=DEFAULT_CLUSTER, metavar="FILE",
+                   help=f"this machine's cluster file: peak, memory budget, priors (default: {DEFAULT_CLUSTER})")
+    p.add_argument("--out", metavar="FILE", help="calibration file to write (default: results/profile/<name>.yaml)")
+    p.add_argument("--shrink", type=int, default=1, metavar="F",
+                   help="divide hidden, heads, ffn and vocab by F so the slice fits (the fit then does not "
+                        "describe the production GEMMs)")
+    p.add_argument("--steps", type=int, default=4, help="updates per slice, the first one a warm-up (default: 4)")
+
+
+def run(args: Any) -> int:
+    """``steptune profile``: derive, check memory, run, fit, write; exit 2 before running on bad input."""
+    import yaml
+
+    from orchestrator.plan.calibration import load_calibration, write_calibration
+    from orchestrator.plan.prefilter import load_cluster
+    from orchestrator.plan.sources import resolve
+
+    path = Path(args.config)
+    if not path.is_file():
+        raise ValueError(f"--config {path}: no such file")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, Mapping) or raw.get("backend", "model") != "model" or "planner" not in raw:
+        raise ValueError(f"--config {path}: expected a sweep file with backend: model and a planner: section")
+    cluster, prior = load_cluster(args.cluster)
+    planner, _ = resolve(raw["planner"], path.parent)
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    slices = derive_slices({**raw, "planner": planner}, args.ranks, args.layers, args.shrink, args.steps, device)
+    if device == "cuda" and torch.cuda.device_count() < args.ranks:
+        raise ValueError(f"--ranks {args.ranks}: this node has {torch.cuda.device_count()} GPU(s)")
+    if refusal := memory_refusal(slices, cluster, prior, args.cluster):
+        # Name the smallest power-of-two shrink that fits, so the next command is one edit away.
+        shrink = next((f for f in (args.shrink * 2 ** k for k in range(1, 11)) if memory_refusal(
+            derive_slices({**raw, "planner": planner}, args.ranks, args.layers, f, args.steps, device),
+            cluster, prior, args.cluster) is None), None)
+        raise ValueError(refusal + (f"; --shrink {shrink} fits" if shrink else ""))
+    out = Path(args.out) if args.out else Path("results") / "profile" / f"{raw.get('name', path.stem)}.yaml"
+    print(f"profiling {len(slices.slices)} slice(s) of {path} on {args.ranks} {device} rank(s), tp {slices.tp}: "
+          + ", ".join(f"{k} {v}" for k, v in slices.shape.items()) + f", {slices.layers} layers")
+    for note in slices.notes:
+        print(f"  note: {note}")
+    from trainer.launch import RankFailed, spawn_many
+
+    results = spawn_many([s.config for s in slices.slices])
+    failed = [(s.name, r) for s, r in zip(slices.slices, results) if isinstance(r, RankFailed)]
+    for name, err in failed:
+        print(f"slice {name} failed: {str(err).splitlines()[0][:300]}")
+    kept = [(s, r) for s, r in zip(slices.slices, results) if not isinstance(r, RankFailed)]
+    if not kept:
+        print("no slice ran to the end: nothing to fit, nothing written")
+        return 1
+    ran = dataclasses.replace(slices, slices=tuple(s for s, _ in kept))
+    fitted = fit_slices(ran, [r for _, r in kept], cluster, prior)
+    eff = dataclasses.replace(fitted.calibration.efficiency, basis="fitted",
+                              basis_note=f"steptune profile of {path.name} on this node"
+                                         + (f" (shrunk {args.shrink}x: not the production GEMMs)" if args.shrink > 1 else ""))
+    cal = dataclasses.replace(fitted.calibration, efficiency=eff)
+    prov = provenance(ran, fitted, [r for _, r in kept], str(path), args.cluster, hardware_name(results),
+                      str(torch.__version__), now())
+    write_calibration(cal, out, cluster_file=args.cluster, provenance=prov,
+                      header="# Planner compute efficiency fitted by `steptune profile` to measured slices of the "
+                             "production layer shape.\n# Use it as planner.calibration_file=THIS; only the "
+                             "efficiency: section is read back.\n")
+    load_calibration(out)  # what was written must read back
+    print()
+    print(format_table(fitted))
+    print()
+    print("fitted: " + ", ".join(f"{k} = {v:.4g}" for k, v in cal.fitted.items()))
+    print(f"wrote {out} (basis: measured{', shrunk: not the production GEMMs' if args.shrink > 1 else ''}); use it:")
+    print(f"  steptune plan --config {path} planner.calibration_file={out}")
+    return 0 if not failed else 1
