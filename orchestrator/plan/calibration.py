@@ -74,7 +74,8 @@ def ledger_records(lines: Sequence[TrialRecord], cluster: ClusterSpec, efficienc
         if isinstance(train_cfg.data_parallel, FsdpDP) and train_cfg.parallel.dp > 1:
             skipped.append((trial, FSDP_NOT_FITTED))
             continue
-        measured = {k: v for k, v in _measured(line.result).items() if k in metrics}
+        measured = {k: v for k, v in measured_metrics(line.result, train_cfg.tensor_parallel.size > 1).items()
+                    if k in metrics}
         # With nothing to reduce or no pipeline the planner predicts exactly 0 for these, while the trainer
         # times the empty call: fitting that is fitting noise.
         if plan.parallel.dp == 1:
@@ -87,11 +88,12 @@ def ledger_records(lines: Sequence[TrialRecord], cluster: ClusterSpec, efficienc
     return records, used, skipped
 
 
-def _measured(result: Result) -> dict[str, float]:
+def measured_metrics(result: Result, tensor_parallel: bool) -> dict[str, float]:
+    """A trainer result as the planner's metric names; ``tensor_parallel``: the run had tp > 1 (its compute
+    phases hold TP communication, so they are left out: planner.calibrate.NESTED_IN_TP)."""
     out = {k: float(getattr(result.summary, k)) for k in ("step_time_s", "peak_memory_bytes")
            if getattr(result.summary, k)}
-    tp = (result.config.get("tensor_parallel") or {}).get("size", 1) > 1
-    return {**out, **trainer_phase_metrics(result.phases, tp)}
+    return {**out, **trainer_phase_metrics(result.phases, tensor_parallel)}
 
 
 def calibrate_from_ledger(ledger_path: str | Path, cluster: ClusterSpec, efficiency: Efficiency | None = None,

@@ -192,7 +192,7 @@ class SliceFit:
 
 def fit_slices(slices: SlicePlan, results: Sequence[Any], cluster: ClusterSpec, prior: Efficiency) -> SliceFit:
     """Calibrate the compute-side efficiency to the slices' measured results (trainer Results, in order)."""
-    from orchestrator.plan.calibration import _measured
+    from orchestrator.plan.calibration import measured_metrics
     from orchestrator.plan.prefilter import plan_for_trial
     from orchestrator.planner.calibrate import _evaluate
     from orchestrator.planner.knobs import encode
@@ -202,10 +202,11 @@ def fit_slices(slices: SlicePlan, results: Sequence[Any], cluster: ClusterSpec, 
     records, tp_rows = [], []
     for s, result in zip(slices.slices, results):
         plan = plan_for_trial(s.config, cluster, prior)
-        measured = {k: v for k, v in _measured(result).items() if k in COMPUTE_METRICS}
+        tp = s.config.tensor_parallel.size > 1
+        measured = {k: v for k, v in measured_metrics(result, tp).items() if k in COMPUTE_METRICS}
         if s.config.parallel.dp > 1:  # its step holds the DP gradient all-reduce: network time, not fitted here
             measured = {k: v for k, v in measured.items() if k != "step_time_s"}
-        tp_meas = _measured(result).get("tp_comm_s", 0.0)
+        tp_meas = measured_metrics(result, tp).get("tp_comm_s", 0.0)
         tp_pred = _evaluate(plan, encode([plan]), prior)["tp_comm_s"]
         if "step_time_s" in measured and s.config.tensor_parallel.size > 1:
             # The measured TP collectives are this node's links, priced by the cluster file (netcal), not by
