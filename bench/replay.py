@@ -45,7 +45,9 @@ from orchestrator.search.space import suggest  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-STRATEGIES = ("random", "tpe", "gp", "tpe_warm", "guided")
+STRATEGIES = ("random", "tpe", "gp", "tpe_warm", "guided", "guided_profile")
+"""guided_profile: guided, its planner started from a profile (``sampler.calibration``: bench/slice_proof.py's
+slice calibration, with its measured cluster file) instead of the cpu-local priors."""
 
 
 @dataclasses.dataclass
@@ -276,11 +278,16 @@ def synthetic(efficiency: Any, source: str = "search_spaces/default.yaml", noise
             "machine": {"cpu": "synthetic (the planner)", "cpus": 0}, "configs": rows}
 
 
-def ranking_for(land: Landscape) -> guided.PlannerRanking | None:
-    from orchestrator.plan.calibration import DEFAULT_CLUSTER
+def ranking_for(land: Landscape, cluster_file: str | Path | None = None, calibration: str | Path | None = None
+                ) -> guided.PlannerRanking | None:
+    """The planner ranking a guided sweep of the landscape's space starts from: cpu-local.yaml's priors, or the
+    given cluster file with a calibration file's efficiency (``sampler.calibration``)."""
+    from orchestrator.plan.calibration import DEFAULT_CLUSTER, load_calibration
     from orchestrator.plan.prefilter import load_cluster
 
-    cluster, eff = load_cluster(ROOT / DEFAULT_CLUSTER)
+    cluster, eff = load_cluster(cluster_file or ROOT / DEFAULT_CLUSTER)
+    if calibration is not None:
+        eff = load_calibration(calibration)
     n = len(next(iter(land.floats.values()), [0, 0, 0]))
     return guided.PlannerRanking(land.cfg.space, land.configs, cluster, eff, n_float=n)
 
@@ -305,10 +312,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="sweep-file settings for the replayed sweeps (sampler.*, winner.*), as on the sweep command")
+    ap.add_argument("--profile-cluster", default="bench/results/slice_proof_cluster.yaml",
+                    help="guided_profile: the cluster file (bench/slice_proof.py: netcal on this host)")
+    ap.add_argument("--profile-calibration", default="bench/results/slice_proof_calibration.yaml",
+                    help="guided_profile: the calibration file the planner starts from (bench/slice_proof.py)")
     ap.add_argument("--out", default=str(ROOT / "bench/results/replay_default.md"))
     args = ap.parse_args(argv)
     land = Landscape.load(args.landscape, args.set)
     ranking = ranking_for(land)
+    profiled = (ranking_for(land, ROOT / args.profile_cluster, ROOT / args.profile_calibration)
+                if "guided_profile" in args.strategies.split(",") else None)
     results: dict[str, list[SeedResult]] = {}
     t0 = time.perf_counter()
     cache = Path(args.out).with_suffix(".json")  # results per strategy: another run may add strategies
@@ -317,7 +330,8 @@ def main(argv: list[str] | None = None) -> None:
         t = time.perf_counter()
         seeds = args.gp_seeds if strategy == "gp" and args.gp_seeds else args.seeds
         label = f"{strategy} ({' '.join(args.set)})" if args.set else strategy
-        results[label] = [replay(strategy, land, seed, cap, args.budget, ranking) for seed in range(seeds)]
+        rk = profiled if strategy == "guided_profile" else ranking
+        results[label] = [replay(strategy, land, seed, cap, args.budget, rk) for seed in range(seeds)]
         print(f"{strategy}: {time.perf_counter() - t:.0f} s", flush=True)
     done = json.loads(cache.read_text()) if cache.exists() else {}
     if done.get("landscape") != land.doc.get("last_run_at"):
@@ -341,7 +355,9 @@ def _command(a: Any) -> str:
     return (f"PYTHONPATH=. .venv/bin/python bench/replay.py --seeds {a.seeds} --cap {a.cap} --random-cap "
             f"{a.random_cap} --gp-cap {a.gp_cap} --budget {a.budget}" + (f" --gp-seeds {a.gp_seeds}" if a.gp_seeds
                                                                          else "") + f" --strategies {a.strategies}"
-            + (f" --set {' '.join(a.set)}" if getattr(a, "set", None) else ""))
+            + (f" --set {' '.join(a.set)}" if getattr(a, "set", None) else "")
+            + (f" --profile-cluster {a.profile_cluster} --profile-calibration {a.profile_calibration}"
+               if "guided_profile" in a.strategies.split(",") else ""))
 
 
 def table(results: dict[str, list[SeedResult]], per_args: dict[str, Any], land: Landscape, ranking: Any,

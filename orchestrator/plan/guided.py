@@ -10,6 +10,9 @@ turns with TPE in proposing trials (``sampler.kind: guided``).
   planner's efficiency parameters are refitted to every measured trial of the ledger so far with the
   calibration code (``calibration.ledger_records`` -> ``planner.calibrate``), warm-started from the last fit.
   The other trials are the base sampler's (TPE), which learns from all trials, the planner's included.
+* ``sampler.calibration`` (``start_efficiency``): a calibration file, e.g. ``steptune profile``'s fit to short
+  slices of the model, replaces the cluster file's prior efficiency before the first ranking, so the first
+  picks are already the measured planner's; the online refits start from it.
 * ``planner_fields`` gives the ledger, per trial, what the planner predicted for it and the error.
 
 What the planner cannot model (``plan_for_trial`` raises: unequal model chunks on one rank from an
@@ -266,6 +269,27 @@ def planner_fields(sampler: Any, params: Mapping[str, Any], metrics: Mapping[str
                         "error_pct": 100.0 * (pred - measured) / measured if measured else None}}
 
 
+def start_efficiency(sampler: Any, source: str | None) -> Any:
+    """The efficiency ``sampler.calibration`` names (``SamplerConfig``; ``source``: the sweep file), or None.
+
+    ValueError naming ``sampler.calibration`` for a file that is missing or not a calibration, or when the
+    sampler is not guided (no other sampler has a planner to start)."""
+    from pathlib import Path
+
+    from orchestrator.plan.calibration import load_calibration
+    from orchestrator.plan.sources import resolve_path
+
+    if sampler.calibration is None:
+        return None
+    if sampler.kind != "guided":
+        raise ValueError(f"sampler.calibration: only sampler.kind=guided reads it (kind is {sampler.kind})")
+    path = resolve_path(sampler.calibration, Path(source).parent if source else None)
+    try:
+        return load_calibration(path)
+    except ValueError as e:
+        raise ValueError(f"sampler.calibration: {e}") from None
+
+
 def sampler_for(backend: Any, base: BaseSampler, records: Callable[[], Sequence[Any]]) -> BaseSampler:
     """``sampler.kind: guided`` for a real-trials backend (``RayTrials``): GuidedSampler over ``base``, or ``base``
     alone when the planner cannot model the space (no cluster for this device, nothing mappable), saying why."""
@@ -281,6 +305,9 @@ def sampler_for(backend: Any, base: BaseSampler, records: Callable[[], Sequence[
     else:
         log.info("note: sampler.kind=guided needs a cluster file for a GPU sweep (an enabled prefilter: with its cluster); using TPE")
         return base
+    # A profile measured before the sweep beats the cluster file's priors (and a prefilter calibration: that one
+    # is for memory); the online refits then start from it.
+    eff = start_efficiency(cfg.sampler, cfg.source) or eff
     ranking = PlannerRanking(cfg.space, configs, cluster, eff)
     if not ranking.modelled:
         log.info("note: sampler.kind=guided: the planner models none of the space's configs (%s); using TPE",

@@ -147,6 +147,48 @@ def derive_slices(sweep: Mapping[str, Any], ranks: int = 2, layers: int = 2, shr
     return SlicePlan(tuple(slices), shape, layers, ranks, tp, shrink, tuple(notes))
 
 
+def derive_trainer_slices(sweep: Mapping[str, Any], ranks: int = 2, layers: int = 2, steps: int = 6,
+                          warmup: int = 2) -> SlicePlan:
+    """The slice configs of a ray-backend sweep file (``trainer:``, ``baseline:``, ``space:``; a mapping): its
+    own model shape, run, data and optimizer, with ``layers`` layers, pp 1 and dp ``ranks``; the baseline's
+    micro-batch size and recompute kind, then every other micro-batch size and every other recompute kind of
+    the space, each once. Two microbatches per replica, so gradient accumulation is in every slice.
+
+    ValueError naming the flag or field for anything that cannot make a slice.
+    """
+    from trainer.config import TrainConfig
+    from trainer.mapping import apply_overrides
+
+    for flag, value, low in (("--ranks", ranks, 1), ("--layers", layers, 1), ("--steps", steps, warmup + 1)):
+        if not isinstance(value, int) or value < low:
+            raise ValueError(f"{flag}: must be an integer >= {low}, got {value!r}")
+    if not isinstance(sweep.get("trainer"), Mapping):
+        raise ValueError("trainer: section missing (a sweep file with backend: ray)")
+    baseline = dict(sweep.get("baseline") or {})
+    # The baseline's own knobs (e.g. its recompute settings) but not its layout: a slice is pp 1, tp 1.
+    knobs = {k: v for k, v in baseline.items() if not k.startswith(("parallel.", "pipeline.", "tensor_parallel."))}
+    base = TrainConfig.from_dict(apply_overrides(dict(sweep["trainer"]), knobs))
+    if base.tensor_parallel.size != 1:
+        raise ValueError("trainer.tensor_parallel.size: slices of a ray-backend file run at tp 1")
+    mbs0, kind0 = base.batch.micro_batch_size, base.recompute.kind
+    variants = [(mbs0, kind0)]
+    variants += [(int(b), kind0) for b in _choices(sweep.get("space"), "batch.micro_batch_size") if int(b) != mbs0]
+    variants += [(mbs0, str(k)) for k in _choices(sweep.get("space"), "recompute.kind") if str(k) != kind0]
+    slices = []
+    for mbs, kind in dict.fromkeys(variants):
+        cfg = dataclasses.replace(
+            base, model=dataclasses.replace(base.model, n_layers=layers),
+            batch=dataclasses.replace(base.batch, global_batch=mbs * ranks * 2, micro_batch_size=mbs),
+            parallel=dataclasses.replace(base.parallel, pp=1, dp=ranks),
+            pipeline=type(base.pipeline)(), recompute=_recompute(kind, base.recompute, layers),
+            run=dataclasses.replace(base.run, steps=steps, warmup_steps=warmup, timeline_steps=0))
+        slices.append(Slice(f"ranks={ranks} layers={layers} mbs={mbs} recompute={kind}", cfg))
+    m = base.model
+    shape = {"d_model": m.d_model, "n_heads": m.n_heads, "d_ff": m.ffn_dim, "vocab_size": m.vocab_size,
+             "seq_len": m.seq_len, "precision": base.run.precision}
+    return SlicePlan(tuple(slices), shape, layers, ranks, 1, 1, ())
+
+
 def _model_notes(m: Any) -> list[str]:
     """What the trainer's GPT (pre-LayerNorm, GELU MLP, MHA, learned positions, no biases) cannot reproduce."""
     notes = []

@@ -61,6 +61,10 @@ class SamplerConfig:
     """guided only: the planner's top picks (spread over the knob families) run first, after the baseline."""
     guided_every: int = 2
     """guided only: then every n-th trial is the recalibrated planner's best unmeasured config, the rest TPE's."""
+    calibration: Optional[str] = None
+    """guided only: a calibration file (`steptune profile` or `steptune calibrate` writes one; path relative to
+    the sweep file or the working directory) whose efficiency the planner ranks with from trial 1, instead of the
+    cluster file's priors; the online refit starts from it."""
 
 
 @dataclass(frozen=True)
@@ -273,6 +277,11 @@ def load_saved_sweep(results_dir: str | Path) -> SweepConfig | None:
     trainer_file = data.get("trainer_config")
     if isinstance(trainer_file, str) and not _relative(trainer_file, path).is_file():
         data.pop("trainer_config")
+    sampler = data.get("sampler")
+    cal = sampler.get("calibration") if isinstance(sampler, dict) else None
+    if isinstance(cal, str) and not (Path(cal).is_file() or _relative(cal, path).is_file()):
+        # Read by the sampler before trial 1 only: a report or export of the ledger does not need it.
+        data["sampler"] = {k: v for k, v in sampler.items() if k != "calibration"}
     try:
         return from_dict(data, source=path)
     except ValueError as e:
@@ -315,6 +324,10 @@ def _check_fields(cfg: SweepConfig) -> None:
     for name, ok in checks:
         if not ok:
             raise ValueError(f"{name}={_get(cfg, name)!r} is out of range")
+    if cfg.sampler.calibration is not None:
+        from orchestrator.plan.guided import start_efficiency
+
+        start_efficiency(cfg.sampler, cfg.source)  # a missing or malformed file fails here, not at trial 1
     if cfg.search.min_trials < 0:
         raise ValueError(f"search.min_trials={cfg.search.min_trials} must be 0 or more")
     for i, entry in enumerate(cfg.enqueue):

@@ -141,3 +141,34 @@ def test_the_default_sweep_builds_its_guided_sampler_through_the_backend():
     assert cfg.sampler.kind == "guided"
     sampler = _sampler(cfg, backends.build(cfg), list)
     assert isinstance(sampler, guided.GuidedSampler) and sampler.ranking.modelled
+
+
+def test_sampler_calibration_starts_the_ranking_from_the_files_efficiency(world, sweep_file, tmp_path):
+    """``sampler.calibration``: parsed relative to the sweep file, validated at load, and the guided sampler's
+    first ranking (before any refit) predicts with the file's efficiency, not the cluster file's prior."""
+    from types import SimpleNamespace
+
+    import yaml
+
+    from orchestrator import backends
+    from orchestrator.sweep.config import load_sweep
+
+    land, ranking = world
+    measured = dataclasses.replace(ranking.prior, matmul_eff=0.05, op_overhead_us=2000.0)
+    (tmp_path / "cal").mkdir()
+    (tmp_path / "cal" / "slices.yaml").write_text(yaml.safe_dump({"efficiency": dataclasses.asdict(measured)}))
+    cfg = load_sweep(R.ROOT / land.doc["source"], ["sampler.kind=guided", f"sampler.calibration={tmp_path}/cal/slices.yaml"])
+    backend = backends.build(cfg)
+    sampler = guided.sampler_for(backend, optuna.samplers.TPESampler(seed=0), lambda: [])
+    assert isinstance(sampler, guided.GuidedSampler)
+    assert sampler.ranking.efficiency == measured and sampler.ranking.prior == measured  # refits start from it
+    by_hand = guided.PlannerRanking(cfg.space, backend.configs, ranking.cluster, measured).predictions()
+    assert sampler.ranking.predictions() == pytest.approx(by_hand)
+    assert sampler.ranking.predictions() != pytest.approx(ranking.fresh().predictions())  # not the prior's
+    # Relative to the sweep file; a file without efficiency: is refused naming the field.
+    path = sweep_file(name="cal/sweep.yaml", sampler={"kind": "guided", "calibration": "slices.yaml"})
+    assert load_sweep(path).sampler.calibration == "slices.yaml"
+    (tmp_path / "cal" / "bad.yaml").write_text("calibration: {}\n")
+    with pytest.raises(ValueError, match=r"^sampler\.calibration: .*bad\.yaml: expected an efficiency: mapping$"):
+        load_sweep(path, ["sampler.calibration=bad.yaml"])
+    assert guided.start_efficiency(SimpleNamespace(kind="guided", calibration=None), None) is None

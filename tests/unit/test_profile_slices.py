@@ -130,3 +130,28 @@ def test_cli_refuses_in_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
     assert "--config" in capsys.readouterr().err
     assert main(["profile", "--config", str(PRESET), "--layers", "0"]) == 2
     assert capsys.readouterr().err.strip().endswith("--layers: must be an integer >= 1, got 0")
+
+
+def test_trainer_slices_of_a_ray_sweep_keep_its_shape_and_cover_each_knob_once():
+    """``derive_trainer_slices`` of the default (ray) sweep: the trainer section's shape at 1-2 layers, pp 1,
+    dp = ranks, the baseline's mbs and recompute first, each other space value once; bad flags name the flag."""
+    from orchestrator.plan.profile import derive_trainer_slices
+
+    sweep = yaml.safe_load((ROOT / "search_spaces" / "default.yaml").read_text())
+    plan = derive_trainer_slices(sweep, ranks=2, layers=1, steps=6)
+    names = [s.name for s in plan.slices]
+    assert names == [f"ranks=2 layers=1 mbs={m} recompute={k}" for m, k in
+                     [(1, "full"), (2, "full"), (4, "full"), (8, "full"), (1, "none"), (1, "selective")]]
+    for s in plan.slices:
+        c = s.config
+        assert (c.model.n_layers, c.model.d_model, c.model.n_heads, c.model.seq_len) == (1, 64, 4, 64)
+        assert (c.parallel.pp, c.parallel.dp, c.world_size) == (1, 2, 2)
+        assert c.batch.global_batch == 2 * 2 * c.batch.micro_batch_size  # two microbatches per replica
+        assert (c.run.steps, c.run.warmup_steps, c.run.threads_per_rank) == (6, 2, 1)
+    assert plan.slices[0].config.recompute.num_layers == 1  # the baseline's recompute settings, within 1 layer
+    assert plan.shape == {"d_model": 64, "n_heads": 4, "d_ff": 256, "vocab_size": 256, "seq_len": 64,
+                          "precision": "fp32"}
+    with pytest.raises(ValueError, match="--steps: must be an integer >= 3"):
+        derive_trainer_slices(sweep, steps=2)
+    with pytest.raises(ValueError, match="trainer: section missing"):
+        derive_trainer_slices({"space": sweep["space"]})
