@@ -6,8 +6,10 @@ recompute kind of the space, each once (not their product), on ``ranks`` local r
 tensor-parallel size when it divides them. ``memory_refusal`` predicts each slice's peak with the planner's
 memory model (the pre-filter's) before anything runs. ``fit_slices`` hands the measured results to the
 planner's calibration, compute side only: the network stays whatever the cluster file says (``steptune
-netcal`` measures that half). ``run`` is ``steptune profile``; the slices run on the trainer's local launcher
-(``trainer.launch.spawn_many``: one world for every slice, real processes, parity off).
+netcal`` measures that half). ``run`` is ``steptune profile``; the slices run through the trial path a sweep
+uses, a warm Ray worker group (one world for every slice, parity off), handed in by the CLI as a
+``SliceRunner`` since this room may not import the backends; only when Ray cannot start do they run on the
+trainer's local launcher (``trainer.launch.spawn_many``), with a note.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import dataclasses
 import datetime
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from orchestrator.planner import Calibration, ClusterSpec, Efficiency, calibrate
 from orchestrator.planner.parse import plan_config_from_dict
@@ -30,6 +32,15 @@ COMPUTE_METRICS = ("step_time_s", "forward_s", "backward_incl_recompute_s", "opt
 """Measured phases fitted; dp and tp communication waits are network time and left out."""
 PRECISION = {"mixed": "bf16", "bf16_autocast": "bf16", "fp32": "fp32"}
 """Planner job.precision -> trainer run.precision (the trainer's bf16 is autocast over fp32 weights)."""
+
+
+SliceRunner = Callable[[list[Any], str], "tuple[list[Any], str]"]
+"""(trainer configs, device) -> (per config, in order, its trainer Result or the exception that ended it; where
+they ran, for the printout). Raises RunnerUnavailable when it cannot start."""
+
+
+class RunnerUnavailable(RuntimeError):
+    """The slice runner could not start (Ray could not be joined or could not place the group)."""
 
 
 @dataclass(frozen=True)
@@ -291,10 +302,30 @@ def add_arguments(p: Any) -> None:
                    help="divide hidden, heads, ffn and vocab by F so the slice fits (the fit then does not "
                         "describe the production GEMMs)")
     p.add_argument("--steps", type=int, default=4, help="updates per slice, the first one a warm-up (default: 4)")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="run the slices on an existing Ray cluster (default: an embedded local Ray, as a sweep)")
+    p.add_argument("--slice-timeout-s", type=float, default=600.0, metavar="S",
+                   help="seconds one slice may take before its worker group is killed (default: 600)")
 
 
-def run(args: Any) -> int:
-    """``steptune profile``: derive, check memory, run, fit, write; exit 2 before running on bad input."""
+def run_slices(cfgs: list[Any], device: str, runner: SliceRunner | None) -> tuple[list[Any], str]:
+    """The slices on ``runner`` (the sweep's warm Ray group); on the local launcher only when there is no runner
+    or it cannot start, and then the second value says why."""
+    if runner is not None:
+        try:
+            return runner(cfgs, device)
+        except RunnerUnavailable as e:
+            why = f"Ray could not start ({str(e).splitlines()[0][:200]})"
+    else:
+        why = "no Ray runner was given"
+    from trainer.launch import spawn_many
+
+    return spawn_many(cfgs), f"the trainer's local launcher (note: {why})"
+
+
+def run(args: Any, runner: SliceRunner | None = None) -> int:
+    """``steptune profile``: derive, check memory, run (on ``runner``), fit, write; exit 2 before running on bad
+    input."""
     import yaml
 
     from orchestrator.plan.calibration import load_calibration, write_calibration
@@ -326,13 +357,12 @@ def run(args: Any) -> int:
           + ", ".join(f"{k} {v}" for k, v in slices.shape.items()) + f", {slices.layers} layers")
     for note in slices.notes:
         print(f"  note: {note}")
-    from trainer.launch import RankFailed, spawn_many
-
-    results = spawn_many([s.config for s in slices.slices])
-    failed = [(s.name, r) for s, r in zip(slices.slices, results) if isinstance(r, RankFailed)]
+    results, where = run_slices([s.config for s in slices.slices], device, runner)
+    print(f"ran on {where}")
+    failed = [(s.name, r) for s, r in zip(slices.slices, results) if isinstance(r, BaseException)]
     for name, err in failed:
         print(f"slice {name} failed: {str(err).splitlines()[0][:300]}")
-    kept = [(s, r) for s, r in zip(slices.slices, results) if not isinstance(r, RankFailed)]
+    kept = [(s, r) for s, r in zip(slices.slices, results) if not isinstance(r, BaseException)]
     if not kept:
         print("no slice ran to the end: nothing to fit, nothing written")
         return 1
@@ -342,7 +372,7 @@ def run(args: Any) -> int:
                               basis_note=f"steptune profile of {path.name} on this node"
                                          + (f" (shrunk {args.shrink}x: not the production GEMMs)" if args.shrink > 1 else ""))
     cal = dataclasses.replace(fitted.calibration, efficiency=eff)
-    prov = provenance(ran, fitted, [r for _, r in kept], str(path), args.cluster, hardware_name(results),
+    prov = provenance(ran, fitted, [r for _, r in kept], str(path), args.cluster, hardware_name([r for _, r in kept]),
                       str(torch.__version__), now())
     write_calibration(cal, out, cluster_file=args.cluster, provenance=prov,
                       header="# Planner compute efficiency fitted by `steptune profile` to measured slices of the "

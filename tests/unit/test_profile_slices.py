@@ -130,3 +130,31 @@ def test_cli_refuses_in_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
     assert "--config" in capsys.readouterr().err
     assert main(["profile", "--config", str(PRESET), "--layers", "0"]) == 2
     assert capsys.readouterr().err.strip().endswith("--layers: must be an integer >= 1, got 0")
+
+
+# (the runner: what it does; whether the local launcher must run; what the printout's "where" must say)
+RUNNER_TABLE = [
+    pytest.param("ok", False, "ray group", id="ray-runs-them"),
+    pytest.param("unavailable", True, "local launcher (note: Ray could not start (no room for 2 ranks))",
+                 id="ray-cannot-start"),
+    pytest.param(None, True, "local launcher (note: no Ray runner was given)", id="no-runner"),
+]
+
+
+@pytest.mark.parametrize("runner_kind, local, where", RUNNER_TABLE)
+def test_slices_run_on_the_runner_and_fall_back_to_the_local_launcher_only_when_it_cannot_start(
+        monkeypatch, runner_kind, local, where):
+    import trainer.launch
+    from orchestrator.plan.profile import RunnerUnavailable, run_slices
+
+    launched = []
+    monkeypatch.setattr(trainer.launch, "spawn_many", lambda cfgs: launched.append(cfgs) or ["local"] * len(cfgs))
+
+    def runner(cfgs, device):
+        if runner_kind == "unavailable":
+            raise RunnerUnavailable("no room for 2 ranks\nsecond line")
+        return ["ray"] * len(cfgs), "ray group"
+
+    results, said = run_slices(["a", "b"], "cpu", runner if runner_kind else None)
+    assert results == (["local", "local"] if local else ["ray", "ray"]) and bool(launched) == local
+    assert where in said and "second line" not in said
