@@ -50,24 +50,48 @@ def _table(lines: list[str], label: str, base) -> None:
     lines.append("")
 
 
+SPACES = (
+    ("searched space (bf16 gradient reduction allowed)", {}),
+    ("throughput only: fp32 gradient reduction", {"optimizer.grad_reduce_dtype": "fp32"}),
+    ("fp32, TP comm overlap off", {"optimizer.grad_reduce_dtype": "fp32", "tensor_parallel.comm_overlap": False}),
+    ("fp32, overlap_p2p off", {"optimizer.grad_reduce_dtype": "fp32", "pipeline_comm.overlap_p2p": False}),
+)
+"""The preset's space, then the same space with one or more of its levers pinned: what each lever is worth to the
+best answer (a pinned lever keeps its ``when:``, so overlap_p2p still acts only under interleaving)."""
+
+
+def _pinned(space: dict, pins: dict) -> dict:
+    return {name: ({**spec, "choices": [pins[name]]} if name in pins else spec) for name, spec in space.items()}
+
+
 def _best(lines: list[str], sets: list[tuple[str, object]], space: dict, target_s: float) -> None:
-    """The planner's search over the preset's space (enumerated, bucket refined), per efficiency set."""
+    """The planner's search over the preset's space (enumerated, bucket refined), per efficiency set and per
+    pinning of the levers."""
     lines += ["## Best config of the preset's space, per efficiency set", "",
               f"Whole space enumerated (bench/planner_search.py's true_optimum: grid + bucket size refined), memory "
               f"checked; target {target_s:.2f} s/update. Verdict: robust = the band's upper end is within the target, "
-              "point only = only the point estimate is.", "",
-              "| set | best step s | band s | verdict | compute s | exposed DP s | peak GB | config |",
-              "|---|---:|---:|---|---:|---:|---:|---|"]
+              "point only = only the point estimate is. Rows below the first pin levers of the space to show what "
+              "each is worth: `optimizer.grad_reduce_dtype=bf16` changes the maths (gradients rounded to bf16 "
+              "before the replicas' sum), so the space opts in to it (`space.allow_numerics_change`) and the "
+              "sweep summary's numerics line names it; the throughput-only answer is the fp32 row.", "",
+              "| set | space | best step s | band s | verdict | compute s | exposed DP s | peak GB | config |",
+              "|---|---|---:|---:|---|---:|---:|---:|---|"]
     for label, base in sets:
-        t, params = true_optimum(base, space)
-        p = predict(apply_params(base, params))
-        verdict = ("robust" if p.step_time_high_s <= target_s else "point only" if p.step_time_s <= target_s
-                   else "not met")
-        shown = short_params(params)
-        lines.append(f"| {label} | {p.step_time_s:.2f} | {p.step_time_low_s:.2f}-{p.step_time_high_s:.2f} | "
-                     f"{verdict} | {p.compute_track_s:.2f} | {p.dp_exposed_s:.2f} | {p.peak_memory_bytes / 1e9:.0f} | "
-                     f"{shown} |")
-    lines.append("")
+        for name, pins in SPACES:
+            t, params = true_optimum(base, _pinned(space, pins))
+            p = predict(apply_params(base, params))
+            verdict = ("robust" if p.step_time_high_s <= target_s else "point only" if p.step_time_s <= target_s
+                       else "not met")
+            lines.append(f"| {label} | {name} | {p.step_time_s:.2f} | {p.step_time_low_s:.2f}-{p.step_time_high_s:.2f} | "
+                         f"{verdict} | {p.compute_track_s:.2f} | {p.dp_exposed_s:.2f} | "
+                         f"{p.peak_memory_bytes / 1e9:.0f} | {short_params(params)} |")
+    lines += ["", "No \"measured on CPU shape\" column: nothing this machine can measure stands for a B200. A profile "
+              "slice of the 500B layer on CPU times CPU GEMMs (and only with --shrink, since one 20,480-wide layer "
+              "does not fit here), and `steptune netcal --measure` times gloo over loopback, not NVLink or "
+              "InfiniBand; the tests/fixtures/nccl_tests files are format samples, not measurements. The path that "
+              "composes measured files into this prediction (`planner.cluster_file`, `planner.calibration_file`) "
+              "is shown in docs/planner.md and tested in tests/unit/test_plan_sources.py; run on the B200 cluster, "
+              "its column belongs here.", ""]
 
 
 def main() -> None:

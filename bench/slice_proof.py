@@ -6,7 +6,7 @@ gloo netcal table on this machine, judged on every config of the measured landsc
 
 1. Network: ``steptune netcal --measure 2 --ops all_reduce,all_gather`` over cpu-local.yaml (gloo, 2 ranks on
    this host) -> ``slice_proof_cluster.yaml`` (+ the two nccl-tests-format tables beside it).
-2. Compute: ``profile.derive_trainer_slices`` of search_spaces/default.yaml's trainer section at 1 and 2 ranks,
+2. Compute: ``slices.derive_trainer_slices`` of search_spaces/default.yaml's trainer section at 1 and 2 ranks,
    1 and 2 layers (pp 1: the default space itself has 6 layers, so none of its configs is run), every
    micro-batch size and recompute kind of the space once each; run on the trainer's local launcher; fitted with
    ``profile.fit_slices`` (compute efficiencies only) -> ``slice_proof_calibration.yaml``.
@@ -46,7 +46,8 @@ import replay as R  # noqa: E402
 from orchestrator.plan import guided  # noqa: E402
 from orchestrator.plan.calibration import DEFAULT_CLUSTER, write_calibration  # noqa: E402
 from orchestrator.plan.prefilter import load_cluster  # noqa: E402
-from orchestrator.plan.profile import SlicePlan, derive_trainer_slices, fit_slices, hardware_name, now  # noqa: E402
+from orchestrator.plan.profile import fit_slices, hardware_name, now  # noqa: E402
+from orchestrator.plan.slices import SlicePlan, derive_trainer_slices  # noqa: E402
 from orchestrator.planner import predict  # noqa: E402
 
 GOALS = {"median_abs_err_pct": 10.0, "spearman": 0.9, "best_within_pct": 5.0}
@@ -294,7 +295,7 @@ def report(doc: dict, verdicts: list[Verdict], fitted: Any, rankings: Mapping[st
         f"{rankings['priors'].cluster.intra_node_bw_GBps:.3g} GB/s, "
         f"{rankings['priors'].cluster.intra_node_latency_us:.0f} us); dp/pp/tp_bw_eff set to 1 (one host: every "
         f"collective runs over the measured link).", "",
-        f"Compute: {len(fitted.rows)} slices (`profile.derive_trainer_slices` of the default sweep's trainer "
+        f"Compute: {len(fitted.rows)} slices (`slices.derive_trainer_slices` of the default sweep's trainer "
         "section: 1 and 2 layers, 1 and 2 ranks, pp 1, micro-batch 1/2/4/8 and recompute none/selective/full, "
         f"{args.steps} updates of which 2 warm-up), fitted with `profile.fit_slices` (2-rank slices on their "
         f"phases only) -> `{doc['calibration_file']}`:", "",

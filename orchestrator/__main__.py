@@ -6,7 +6,7 @@
     steptune report [--sweep NAME]                     # the table again, from the ledger (default: most recent)
     steptune export [--sweep NAME] [--trial N] [--out DIR] [--force]
     steptune calibrate [--sweep NAME] [--cluster FILE]
-    steptune profile --config FILE [--ranks N] [--layers L] [--shrink F]
+    steptune profile --config FILE [--ranks N] [--layers L] [--shrink F] [--ray-address ADDR]
 
 Exit status: 0 done; 1 the sweep started and stopped (its baseline failed, Ray failed, another driver holds
 it); 2 bad input, refused before anything was launched or written; 130 interrupted. docs/cli.md has the rest.
@@ -197,7 +197,36 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
 def _profile(args: argparse.Namespace) -> int:
     from orchestrator.plan.profile import run
 
-    return run(args)
+    return run(args, _ray_slices(args.ray_address, args.slice_timeout_s))
+
+
+def _ray_slices(address: str | None, timeout_s: float):
+    """``steptune profile``'s slices on the sweep's trial path: a RayRunner's warm worker group (embedded local
+    Ray, or the cluster at ``address``), one slice after the other, parity off (nothing here judges parity).
+    Built here because plan/ may not import backends/."""
+    def run_on_ray(cfgs: list, device: str) -> tuple[list, str]:
+        from types import SimpleNamespace
+
+        from orchestrator.backends.ray_runner import RayRunner, run_each
+        from orchestrator.backends.workers import GroupStartError
+        from orchestrator.plan.profile import RunnerUnavailable
+        from orchestrator.sweep.config import RayConfig, ResourcesConfig
+
+        res = ResourcesConfig(world_size=cfgs[0].world_size, cpus_per_rank=1.0,
+                              gpus_per_rank=1.0 if device == "cuda" else 0.0, trial_timeout_s=timeout_s)
+        try:
+            runner = RayRunner(SimpleNamespace(resources=res, ray=RayConfig(address=address)), device)
+        except GroupStartError as e:
+            if address is not None:  # the user named the machines to measure: slices run here would mislead
+                raise ValueError(f"--ray-address: {e}") from None
+            raise RunnerUnavailable(str(e)) from None
+        try:
+            outcomes = run_each(runner, cfgs)
+        finally:
+            runner.close()
+        results = [o.result if o.status == "ok" else RuntimeError(f"{o.status}: {o.reason}") for o in outcomes]
+        return results, f"a warm Ray worker group of {res.world_size} rank(s) ({runner.where})"
+    return run_on_ray
 
 
 COMMANDS: list[Command] = [
@@ -224,7 +253,8 @@ COMMANDS: list[Command] = [
     Command("profile", "fit the planner's compute to runs of the layer shape",
             "Derive from a model-backend sweep file short trials of its production layer shape (hidden size, heads, "
             "ffn, vocab, sequence length, precision, the space's micro-batch sizes and recompute kinds; --layers "
-            "layers on --ranks local ranks), refuse in one line if the planner predicts they cannot fit, run them, "
+            "layers on --ranks ranks), refuse in one line if the planner predicts they cannot fit, run them on a warm "
+            "Ray worker group as a sweep runs trials (embedded Ray, or --ray-address), "
             "and fit the planner's compute-side efficiencies to them: a calibration file with basis: measured.",
             _profile_args, _profile),
 ]

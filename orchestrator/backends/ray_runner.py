@@ -80,6 +80,19 @@ class RayRunner:
             g.kill()
 
 
+def run_each(runner: RayRunner, cfgs: list[Any], poll_s: float = 1.0) -> list[RunOutcome]:
+    """Each config in turn on slot 0's warm group (``steptune profile``'s slices: one world for all of them,
+    rebuilt only after a failure), the outcomes in the configs' order."""
+    out: list[RunOutcome] = []
+    for cfg in cfgs:
+        runner.submit(0, cfg)
+        done: list[tuple[int, RunOutcome]] = []
+        while not done:
+            done = runner.poll(poll_s)
+        out.append(done[0][1])
+    return out
+
+
 def connect(cfg: Any) -> str:
     from orchestrator.backends import workers
 

@@ -31,6 +31,15 @@ REDUCTION_ORDER_KNOBS = ("data_parallel.bucket_mb", "data_parallel.overlap_grad_
 """Knobs that change the order of floating-point sums (bucketed or sharded reductions, microbatch accumulation,
 row-parallel partial sums and sequence-parallel reduce-scatters): the summary's numerics-risk line names them."""
 
+NUMERICS_CHANGING_KNOBS = {
+    "optimizer.grad_reduce_dtype": "gradients are rounded to bf16 before they are summed over data-parallel "
+                                   "replicas, not only summed in another order",
+}
+"""Knobs that change the arithmetic itself, not only its order (what the change does, per knob). Unlike
+MATHS_FIELDS they stay throughput knobs a team may trade (Megatron offers bf16 gradient reduction for speed),
+so a space may search them, but only when it says so (``space.allow_numerics_change``), and the summary's
+numerics line names them whenever the best config uses one."""
+
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -83,6 +92,19 @@ def check_space_is_throughput_only(param_names: list[str]) -> None:
             f"knobs and a faster config would not be the same training. Remove them from the search space; a study "
             f"of them needs its own quality comparison."
         )
+
+
+def check_numerics_opt_in(param_names: list[str], allowed: tuple[str, ...] | list[str]) -> None:
+    """A space searching a knob of NUMERICS_CHANGING_KNOBS must list it in space.allow_numerics_change, and
+    may list only such knobs there (an opt-in for a knob that only reorders sums would mean nothing)."""
+    for name in allowed:
+        if name not in NUMERICS_CHANGING_KNOBS:
+            raise ValueError(f"space.allow_numerics_change: {name} does not change the arithmetic (only these do: "
+                             f"{', '.join(NUMERICS_CHANGING_KNOBS)}); remove it from the list")
+    for name in param_names:
+        if name in NUMERICS_CHANGING_KNOBS and name not in allowed:
+            raise ValueError(f"space.params.{name}: changes the maths ({NUMERICS_CHANGING_KNOBS[name]}); to search "
+                             f"it anyway add `allow_numerics_change: [{name}]` under space:, or remove it from the space")
 
 
 def layout_key(train_cfg: dict[str, Any]) -> str:
@@ -279,12 +301,29 @@ def tolerance_for(runs: list[dict[str, Any]]) -> Tolerance:
 
 
 def numerics_note(params: dict[str, Any], baseline_params: dict[str, Any], verdict: dict[str, Any] | None) -> str | None:
-    """A config's knobs that change the order of floating-point reductions, with its measured differences."""
-    changed = sorted(k for k in params if k.startswith(REDUCTION_ORDER_KNOBS) and params[k] != baseline_params.get(k))
-    if not changed or not verdict:
+    """A config's knobs that change the arithmetic (NUMERICS_CHANGING_KNOBS) or the order of floating-point
+    reductions (REDUCTION_ORDER_KNOBS) relative to the baseline, with the parity run's measured differences.
+
+    Reordering alone is named only with a measured verdict (a predicted sweep reorders in nearly every config,
+    and the parity gate of a real sweep judges it); a change of the arithmetic is always named, and without a
+    verdict the line says that no parity run judged it."""
+    differs = lambda k: params[k] != baseline_params.get(k)  # noqa: E731
+    maths = sorted(k for k in params if k in NUMERICS_CHANGING_KNOBS and differs(k))
+    reorder = sorted(k for k in params if k.startswith(REDUCTION_ORDER_KNOBS) and differs(k))
+    if not maths and not (reorder and verdict):
         return None
-    return (f"numerics risk: {', '.join(changed)} change the order of floating-point reductions; measured vs the "
-            f"baseline: loss {verdict['max_loss_rel_diff']:.1e}, grad norm {verdict['max_grad_norm_rel_diff']:.1e}, "
-            f"parameters {verdict['max_fingerprint_rel_diff']:.1e} (relative; tolerances "
-            f"{verdict['tolerance']['loss_rel']:.0e} / {verdict['tolerance']['grad_norm_rel']:.0e} / "
-            f"{verdict['tolerance']['param_rel']:.0e})")
+    parts = [f"{k}={params[k]} changes the maths: {NUMERICS_CHANGING_KNOBS[k]}" for k in maths]
+    if reorder:
+        parts.append(f"{', '.join(reorder)} change the order of floating-point reductions")
+    if verdict:
+        judged = (f"measured vs the baseline: loss {verdict['max_loss_rel_diff']:.1e}, grad norm "
+                  f"{verdict['max_grad_norm_rel_diff']:.1e}, parameters {_e(verdict['max_fingerprint_rel_diff'])} "
+                  f"(relative; tolerances {verdict['tolerance']['loss_rel']:.0e} / "
+                  f"{verdict['tolerance']['grad_norm_rel']:.0e} / {verdict['tolerance']['param_rel']:.0e})")
+    else:
+        judged = "no parity run judged it (predicted, not run): check the loss curve on a real run before adopting it"
+    return f"numerics risk: {'; '.join(parts)}; {judged}"
+
+
+def _e(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1e}"

@@ -1,13 +1,11 @@
 """The compute, measured: a model-backend sweep file -> short real runs of its layer shape -> a calibration file.
 
-``derive_slices`` (pure) turns the file's ``planner:`` model, job and knob sections and its ``space:`` into
-trainer configs of the production layer shape with only ``layers`` layers: every micro-batch size and every
-recompute kind of the space, each once (not their product), on ``ranks`` local ranks at the production
-tensor-parallel size when it divides them. ``memory_refusal`` predicts each slice's peak with the planner's
-memory model (the pre-filter's) before anything runs. ``fit_slices`` hands the measured results to the
+The slices and their memory check are ``orchestrator.plan.slices`` (pure). ``fit_slices`` hands the measured results to the
 planner's calibration, compute side only: the network stays whatever the cluster file says (``steptune
-netcal`` measures that half). ``run`` is ``steptune profile``; the slices run on the trainer's local launcher
-(``trainer.launch.spawn_many``: one world for every slice, real processes, parity off).
+netcal`` measures that half). ``run`` is ``steptune profile``; the slices run through the trial path a sweep
+uses, a warm Ray worker group (one world for every slice, parity off), handed in by the CLI as a
+``SliceRunner`` since this room may not import the backends; only when Ray cannot start do they run on the
+trainer's local launcher (``trainer.launch.spawn_many``), with a note.
 """
 
 from __future__ import annotations
@@ -16,11 +14,10 @@ import dataclasses
 import datetime
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+from orchestrator.plan.slices import SlicePlan, derive_slices, memory_refusal
 from orchestrator.planner import Calibration, ClusterSpec, Efficiency, calibrate
-from orchestrator.planner.parse import plan_config_from_dict
-from orchestrator.units import fmt_bytes
 
 COMPUTE_FIT = ("matmul_eff", "flash_attention_eff", "op_overhead_us", "elementwise_bw_eff", "optimizer_bw_eff",
                "mem_activation_factor")
@@ -28,198 +25,15 @@ COMPUTE_FIT = ("matmul_eff", "flash_attention_eff", "op_overhead_us", "elementwi
 a slice's collectives run over this node's links, not the production fabric."""
 COMPUTE_METRICS = ("step_time_s", "forward_s", "backward_incl_recompute_s", "optimizer_s", "peak_memory_bytes")
 """Measured phases fitted; dp and tp communication waits are network time and left out."""
-PRECISION = {"mixed": "bf16", "bf16_autocast": "bf16", "fp32": "fp32"}
-"""Planner job.precision -> trainer run.precision (the trainer's bf16 is autocast over fp32 weights)."""
 
 
-@dataclass(frozen=True)
-class Slice:
-    name: str
-    """What varies from the first slice, e.g. ``mbs=2 recompute=full``."""
-    config: Any
-    """The trainer config (``trainer.config.TrainConfig``)."""
+SliceRunner = Callable[[list[Any], str], "tuple[list[Any], str]"]
+"""(trainer configs, device) -> (per config, in order, its trainer Result or the exception that ended it; where
+they ran, for the printout). Raises RunnerUnavailable when it cannot start."""
 
 
-@dataclass(frozen=True)
-class SlicePlan:
-    slices: tuple[Slice, ...]
-    shape: dict[str, int | str]
-    """d_model, n_heads, d_ff, vocab_size, seq_len, precision as run."""
-    layers: int
-    ranks: int
-    tp: int
-    shrink: int
-    notes: tuple[str, ...]
-    """Where the slice differs from the production model or job."""
-
-
-def _choices(space: Mapping[str, Any], name: str) -> list[Any]:
-    spec = ((space or {}).get("params") or {}).get(name)
-    if not isinstance(spec, Mapping):
-        return []
-    if "choices" in spec:
-        return list(spec["choices"])
-    if spec.get("type") == "int":  # a range: its ends bracket what the sweep will try
-        return sorted({int(spec["low"]), int(spec["high"])})
-    return []
-
-
-def _recompute(kind: str, base: Any, layers: int) -> Any:
-    from trainer.knobs import FullRecompute, NoRecompute, OpRecompute, SelectiveRecompute
-
-    if kind == base.kind:  # keep the production settings (modules, method), within the slice's layers
-        return (dataclasses.replace(base, num_layers=min(base.num_layers, layers))
-                if isinstance(base, FullRecompute) else base)
-    table = {"none": NoRecompute(), "selective": SelectiveRecompute(), "op": OpRecompute(),
-             "full": FullRecompute(method="uniform", num_layers=1)}
-    if kind not in table:
-        raise ValueError(f"space.params.recompute.kind: {kind!r} is not one of {', '.join(table)}")
-    return table[kind]
-
-
-def derive_slices(sweep: Mapping[str, Any], ranks: int = 2, layers: int = 2, shrink: int = 1, steps: int = 4,
-                  device: str = "cpu", with_tp1: bool = False) -> SlicePlan:
-    """The slice trial configs of a model-backend sweep file (a mapping; its file keys already resolved).
-
-    ValueError naming the flag or field for anything that cannot make a slice.
-    """
-    from trainer.config import TrainConfig
-
-    for flag, value, low in (("--ranks", ranks, 1), ("--layers", layers, 1), ("--shrink", shrink, 1),
-                             ("--steps", steps, 2)):
-        if not isinstance(value, int) or value < low:
-            raise ValueError(f"{flag}: must be an integer >= {low}, got {value!r}")
-    if not isinstance(sweep.get("planner"), Mapping):
-        raise ValueError("planner: section missing (profile reads a sweep file with backend: model)")
-    plan = plan_config_from_dict(sweep["planner"])
-    m, notes = plan.model, []
-    tp = plan.tensor_parallel.size
-    if ranks % tp:
-        notes.append(f"tensor_parallel.size={tp} does not divide --ranks {ranks}: the slice runs at tp 1, so its "
-                     f"GEMMs are the whole layer's, not one TP rank's")
-        tp = 1
-    heads, hidden, ffn, vocab = m.num_heads, m.hidden_size, m.ffn_hidden_size or 4 * m.hidden_size, m.vocab_size
-    if shrink > 1:
-        # Divide, then round down to what tensor parallelism needs: whole heads, MLP and vocabulary per rank.
-        heads = max(tp, heads // shrink // tp * tp)
-        hidden = heads * max(1, hidden // shrink // heads)
-        ffn, vocab = (max(tp, v // shrink // tp * tp) for v in (ffn, vocab))
-        notes.append(f"--shrink {shrink}: hidden {m.hidden_size}->{hidden}, heads {m.num_heads}->{heads}, ffn "
-                     f"{m.ffn_hidden_size or 4 * m.hidden_size}->{ffn}, vocab {m.vocab_size}->{vocab}: the fit "
-                     f"does not describe the production GEMMs")
-    notes += _model_notes(m)
-    precision = PRECISION[plan.job.precision]
-    if plan.job.precision == "mixed":
-        notes.append("job.precision=mixed runs as the trainer's bf16 autocast (fp32 weights and Adam state): "
-                     "the GEMMs are bf16 as in production, the memory per parameter is not")
-    tpc = plan.tensor_parallel
-    if tpc.comm_overlap and device != "cuda":
-        notes.append("tensor_parallel.comm_overlap needs CUDA: the slice runs without it")
-        tpc = dataclasses.replace(tpc, comm_overlap=False)
-    tpc = dataclasses.replace(tpc, size=tp, **({"comm_overlap": False} if tp == 1 else {}))
-    base_knobs = sweep.get("baseline") or {}
-    mbs0 = int(base_knobs.get("batch.micro_batch_size", plan.batch.micro_batch_size))
-    kind0 = str(base_knobs.get("recompute.kind", plan.recompute.kind))
-    variants = [(mbs0, kind0)]
-    variants += [(int(b), kind0) for b in _choices(sweep.get("space"), "batch.micro_batch_size") if int(b) != mbs0]
-    variants += [(mbs0, str(k)) for k in _choices(sweep.get("space"), "recompute.kind") if str(k) != kind0]
-    shape = {"d_model": hidden, "n_heads": heads, "d_ff": ffn, "vocab_size": vocab, "seq_len": plan.job.seq_len,
-             "precision": precision}
-    slices = []
-    variants = [(m_, k_, tp) for m_, k_ in dict.fromkeys(variants)]
-    if tp > 1 and with_tp1:
-        # At tp > 1 the trainer's forward/backward/optimizer phases hold the TP collectives, so calibration
-        # cannot use them; one tp 1 slice of the baseline measures the compute phases alone.
-        variants.append((mbs0, kind0, 1))
-    for mbs, kind, tp_ in variants:
-        dp = ranks // tp_
-        cfg = TrainConfig(
-            model=dataclasses.replace(TrainConfig().model, n_layers=layers, d_model=hidden, n_heads=heads, d_ff=ffn,
-                                      vocab_size=vocab, seq_len=plan.job.seq_len),
-            # Two microbatches per replica: gradient accumulation as production does it, at the least cost.
-            batch=dataclasses.replace(plan.batch, global_batch=mbs * dp * 2, micro_batch_size=mbs),
-            parallel=dataclasses.replace(plan.parallel, pp=1, dp=dp),
-            tensor_parallel=tpc if tp_ == tp else dataclasses.replace(tpc, size=1, comm_overlap=False),
-            recompute=_recompute(kind, plan.recompute, layers),
-            run=dataclasses.replace(TrainConfig().run, steps=steps, warmup_steps=1, precision=precision,
-                                    device=device, timeline_steps=0))
-        slices.append(Slice(f"mbs={mbs} recompute={kind}" + (" tp=1" if tp_ != tp else ""), cfg))
-    return SlicePlan(tuple(slices), shape, layers, ranks, tp, shrink, tuple(notes))
-
-
-def derive_trainer_slices(sweep: Mapping[str, Any], ranks: int = 2, layers: int = 2, steps: int = 6,
-                          warmup: int = 2) -> SlicePlan:
-    """The slice configs of a ray-backend sweep file (``trainer:``, ``baseline:``, ``space:``; a mapping): its
-    own model shape, run, data and optimizer, with ``layers`` layers, pp 1 and dp ``ranks``; the baseline's
-    micro-batch size and recompute kind, then every other micro-batch size and every other recompute kind of
-    the space, each once. Two microbatches per replica, so gradient accumulation is in every slice.
-
-    ValueError naming the flag or field for anything that cannot make a slice.
-    """
-    from trainer.config import TrainConfig
-    from trainer.mapping import apply_overrides
-
-    for flag, value, low in (("--ranks", ranks, 1), ("--layers", layers, 1), ("--steps", steps, warmup + 1)):
-        if not isinstance(value, int) or value < low:
-            raise ValueError(f"{flag}: must be an integer >= {low}, got {value!r}")
-    if not isinstance(sweep.get("trainer"), Mapping):
-        raise ValueError("trainer: section missing (a sweep file with backend: ray)")
-    baseline = dict(sweep.get("baseline") or {})
-    # The baseline's own knobs (e.g. its recompute settings) but not its layout: a slice is pp 1, tp 1.
-    knobs = {k: v for k, v in baseline.items() if not k.startswith(("parallel.", "pipeline.", "tensor_parallel."))}
-    base = TrainConfig.from_dict(apply_overrides(dict(sweep["trainer"]), knobs))
-    if base.tensor_parallel.size != 1:
-        raise ValueError("trainer.tensor_parallel.size: slices of a ray-backend file run at tp 1")
-    mbs0, kind0 = base.batch.micro_batch_size, base.recompute.kind
-    variants = [(mbs0, kind0)]
-    variants += [(int(b), kind0) for b in _choices(sweep.get("space"), "batch.micro_batch_size") if int(b) != mbs0]
-    variants += [(mbs0, str(k)) for k in _choices(sweep.get("space"), "recompute.kind") if str(k) != kind0]
-    slices = []
-    for mbs, kind in dict.fromkeys(variants):
-        cfg = dataclasses.replace(
-            base, model=dataclasses.replace(base.model, n_layers=layers),
-            batch=dataclasses.replace(base.batch, global_batch=mbs * ranks * 2, micro_batch_size=mbs),
-            parallel=dataclasses.replace(base.parallel, pp=1, dp=ranks),
-            pipeline=type(base.pipeline)(), recompute=_recompute(kind, base.recompute, layers),
-            run=dataclasses.replace(base.run, steps=steps, warmup_steps=warmup, timeline_steps=0))
-        slices.append(Slice(f"ranks={ranks} layers={layers} mbs={mbs} recompute={kind}", cfg))
-    m = base.model
-    shape = {"d_model": m.d_model, "n_heads": m.n_heads, "d_ff": m.ffn_dim, "vocab_size": m.vocab_size,
-             "seq_len": m.seq_len, "precision": base.run.precision}
-    return SlicePlan(tuple(slices), shape, layers, ranks, 1, 1, ())
-
-
-def _model_notes(m: Any) -> list[str]:
-    """What the trainer's GPT (pre-LayerNorm, GELU MLP, MHA, learned positions, no biases) cannot reproduce."""
-    notes = []
-    h, f = m.hidden_size, m.ffn_hidden_size or 4 * m.hidden_size
-    if m.layer_gemms and tuple(map(tuple, m.layer_gemms)) != ((h, 3 * h), (h, h), (h, f), (f, h)):
-        notes.append("model.layer_gemms is not the trainer's QKV/proj/FC1/FC2 (a gated MLP or GQA?): the slice "
-                     "runs the two-matrix GELU MLP and full multi-head attention at the same ffn width")
-    if m.linear_biases:
-        notes.append("model.linear_biases: the trainer's GEMMs have no biases (a negligible difference in time)")
-    if not m.flash_attention:
-        notes.append("model.flash_attention=false: the trainer's SDPA picks fused kernels; the fit is of fused attention")
-    if m.position_embeddings == 0:
-        notes.append("model.position_embeddings=0 (rotary): the trainer learns absolute positions (seq_len rows)")
-    if m.tied_embeddings:
-        notes.append("model.tied_embeddings: the trainer's LM head is separate (one more vocab x hidden matrix)")
-    return notes
-
-
-def memory_refusal(slices: SlicePlan, cluster: ClusterSpec, prior: Efficiency, cluster_name: str) -> str | None:
-    """One line naming the first slice predicted over the memory budget and what it needs, or None."""
-    from orchestrator.plan.prefilter import MemoryPrefilter
-
-    check = MemoryPrefilter(cluster, prior)
-    for s in slices.slices:
-        v = check.verdict(s.config)
-        if v.skip:
-            return (f"slice {s.name} ({slices.layers} layers, d_model {slices.shape['d_model']}, tp {slices.tp}) "
-                    f"needs {fmt_bytes(v.predicted_bytes)} per rank (predicted), over the "
-                    f"{fmt_bytes(v.budget_bytes)} budget of {cluster_name}; nothing was run (a smaller shape: "
-                    f"--shrink F, or a cluster file with more memory)")
-    return None
+class RunnerUnavailable(RuntimeError):
+    """The slice runner could not start (Ray could not be joined or could not place the group)."""
 
 
 @dataclass(frozen=True)
@@ -333,10 +147,30 @@ def add_arguments(p: Any) -> None:
                    help="divide hidden, heads, ffn and vocab by F so the slice fits (the fit then does not "
                         "describe the production GEMMs)")
     p.add_argument("--steps", type=int, default=4, help="updates per slice, the first one a warm-up (default: 4)")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="run the slices on an existing Ray cluster (default: an embedded local Ray, as a sweep)")
+    p.add_argument("--slice-timeout-s", type=float, default=600.0, metavar="S",
+                   help="seconds one slice may take before its worker group is killed (default: 600)")
 
 
-def run(args: Any) -> int:
-    """``steptune profile``: derive, check memory, run, fit, write; exit 2 before running on bad input."""
+def run_slices(cfgs: list[Any], device: str, runner: SliceRunner | None) -> tuple[list[Any], str]:
+    """The slices on ``runner`` (the sweep's warm Ray group); on the local launcher only when there is no runner
+    or it cannot start, and then the second value says why."""
+    if runner is not None:
+        try:
+            return runner(cfgs, device)
+        except RunnerUnavailable as e:
+            why = f"Ray could not start ({str(e).splitlines()[0][:200]})"
+    else:
+        why = "no Ray runner was given"
+    from trainer.launch import spawn_many
+
+    return spawn_many(cfgs), f"the trainer's local launcher (note: {why})"
+
+
+def run(args: Any, runner: SliceRunner | None = None) -> int:
+    """``steptune profile``: derive, check memory, run (on ``runner``), fit, write; exit 2 before running on bad
+    input."""
     import yaml
 
     from orchestrator.plan.calibration import load_calibration, write_calibration
@@ -368,13 +202,12 @@ def run(args: Any) -> int:
           + ", ".join(f"{k} {v}" for k, v in slices.shape.items()) + f", {slices.layers} layers")
     for note in slices.notes:
         print(f"  note: {note}")
-    from trainer.launch import RankFailed, spawn_many
-
-    results = spawn_many([s.config for s in slices.slices])
-    failed = [(s.name, r) for s, r in zip(slices.slices, results) if isinstance(r, RankFailed)]
+    results, where = run_slices([s.config for s in slices.slices], device, runner)
+    print(f"ran on {where}")
+    failed = [(s.name, r) for s, r in zip(slices.slices, results) if isinstance(r, BaseException)]
     for name, err in failed:
         print(f"slice {name} failed: {str(err).splitlines()[0][:300]}")
-    kept = [(s, r) for s, r in zip(slices.slices, results) if not isinstance(r, RankFailed)]
+    kept = [(s, r) for s, r in zip(slices.slices, results) if not isinstance(r, BaseException)]
     if not kept:
         print("no slice ran to the end: nothing to fit, nothing written")
         return 1
@@ -384,7 +217,7 @@ def run(args: Any) -> int:
                               basis_note=f"steptune profile of {path.name} on this node"
                                          + (f" (shrunk {args.shrink}x: not the production GEMMs)" if args.shrink > 1 else ""))
     cal = dataclasses.replace(fitted.calibration, efficiency=eff)
-    prov = provenance(ran, fitted, [r for _, r in kept], str(path), args.cluster, hardware_name(results),
+    prov = provenance(ran, fitted, [r for _, r in kept], str(path), args.cluster, hardware_name([r for _, r in kept]),
                       str(torch.__version__), now())
     write_calibration(cal, out, cluster_file=args.cluster, provenance=prov,
                       header="# Planner compute efficiency fitted by `steptune profile` to measured slices of the "

@@ -118,9 +118,10 @@ def enumerate_space(base: PlanConfig, params: Mapping[str, Mapping[str, Any]], f
     for name in params:
         if name != SPLIT and name not in KNOBS:
             raise ValueError(f"space.params.{name}: not a planner knob")
-        if name.startswith(("parallel.", "tensor_parallel.", "pipeline_comm.")):
-            raise ValueError(f"space.params.{name}: the enumerator keeps parallel degrees and their communication "
-                             f"settings fixed")
+        if name.startswith(("parallel.", "tensor_parallel.", "pipeline_comm.")) and name not in SEARCHABLE_COMM:
+            raise ValueError(f"space.params.{name}: the enumerator keeps parallel degrees and sequence "
+                             f"parallelism fixed; of their communication settings it searches only "
+                             f"{', '.join(SEARCHABLE_COMM)}")
     fixed = knob_values(base)
     groups = [_expand(names, params, fixed, float_points) for names in _components(params)]
     shape = tuple(len(g) for g in groups)
@@ -162,7 +163,13 @@ _ENCODE = {
     "optimizer.overlap_param_gather": bool,
     "optimizer.distributed": bool,
     "optimizer.grad_reduce_dtype": lambda x: {"fp32": 4.0, "bf16": 2.0}.get(x, -1.0),
+    "tensor_parallel.comm_overlap": bool,
+    "pipeline_comm.overlap_p2p": bool,
 }
+SEARCHABLE_COMM = ("tensor_parallel.comm_overlap", "pipeline_comm.overlap_p2p")
+"""The communication settings a space may vary: on/off overlaps over the fixed groups. The degrees
+(parallel.*, tensor_parallel.size) and sequence_parallel stay fixed, since they change the constants
+(``Consts``) every config of one batch shares."""
 
 
 def _table(key: str, groups: list, fixed: Mapping[str, Any]) -> tuple[int | None, Any]:
@@ -211,6 +218,8 @@ def _knobs(base: PlanConfig, cols: dict[str, np.ndarray], n: int) -> tuple[Knobs
     prefetch = cols["data_parallel.prefetch"].astype(np.int64)
     valid &= (~opg | dist) & (grad_bytes > 0) & (dp_kind >= 0) & ~(fsdp & opg)
     valid &= np.where(dp_kind == 2, prefetch >= 0, bucket > 0)
+    tp_overlap = cols["tensor_parallel.comm_overlap"].astype(bool)
+    valid &= ~(tp_overlap & (base.tensor_parallel.size > 1) & (not base.tensor_parallel.sequence_parallel))
     knobs = Knobs(b=np.maximum(b, 1), m=np.maximum(m, 1), sched=np.maximum(sched, 0), v=np.maximum(v, 1),
                   layers=np.maximum(layers, 0), rc=np.maximum(rc, 0), rc_block=method == 1, rc_n=rc_n,
                   sel_attn=(rc == 1) & (mods & 1 > 0), sel_mlp=(rc == 1) & (mods & 2 > 0),
@@ -219,7 +228,8 @@ def _knobs(base: PlanConfig, cols: dict[str, np.ndarray], n: int) -> tuple[Knobs
                   opg=opg, dist=dist,
                   bucket_mb=np.maximum(bucket, 1e-9), grad_bytes=np.maximum(grad_bytes, 1.0), fsdp=fsdp,
                   raf=fsdp & cols["data_parallel.reshard_after_forward"].astype(bool),
-                  prefetch=np.where(fsdp, np.maximum(prefetch, 0), 0), uneven=uneven, chunks=chunks)
+                  prefetch=np.where(fsdp, np.maximum(prefetch, 0), 0), tp_overlap=tp_overlap,
+                  p2p_overlap=cols["pipeline_comm.overlap_p2p"].astype(bool), uneven=uneven, chunks=chunks)
     return knobs, valid
 
 

@@ -61,12 +61,8 @@ class Consts:
     """NVLink bytes/s per GPU (raw datasheet figure; comm.py derives each group's bus bandwidth)."""
     inter_bw: float = 0.0
     """NIC bytes/s per GPU (raw)."""
-    tp_overlap: bool = False
-    """Megatron's TP communication overlap is on (tensor_parallel.comm_overlap, tp > 1)."""
     ew: ElementwiseBytes = ElementwiseBytes()
     """Bytes per element of the layer's elementwise kernels (model.elementwise)."""
-    p2p_overlap: bool = False
-    """Megatron's overlap_p2p_comm (pipeline_comm.overlap_p2p)."""
     gemms: tuple[tuple[int, int], ...] = ()
     """The layer's GEMMs in forward order, [input width, output width] (model.gemms)."""
 
@@ -93,8 +89,7 @@ class Consts:
             matmul_per_layer=m.matmul_params_per_layer, tensors_per_layer=m.tensors_per_layer,
             tp_replicated_per_layer=m.tp_replicated_per_layer,
             gpus_per_node=gpn, intra_bw=intra[0], inter_bw=inter[0],
-            tp_overlap=cfg.tensor_parallel.comm_overlap and tp > 1, ew=m.elementwise,
-            p2p_overlap=cfg.pipeline_comm.overlap_p2p, gemms=m.gemms,
+            ew=m.elementwise, gemms=m.gemms,
         )
 
 
@@ -126,6 +121,11 @@ class Knobs:
     """FSDP's reshard_after_forward."""
     prefetch: np.ndarray
     """FSDP's explicit prefetch depth (blocks)."""
+    tp_overlap: np.ndarray
+    """Megatron's TP communication overlap (tensor_parallel.comm_overlap; a no-op at tp 1). A knob, not a
+    constant: a space may search it, and one batch of configs may mix both."""
+    p2p_overlap: np.ndarray
+    """Megatron's overlap_p2p_comm (pipeline_comm.overlap_p2p; a no-op without interleaving)."""
     uneven: np.ndarray
     """Indices of the configs whose ranks hold model chunks of unequal size. Every other config's rank holds
     v chunks of ``layers`` / v layers."""
@@ -156,6 +156,7 @@ def encode(cfgs: Sequence[PlanConfig]) -> Knobs:
             rc.matmul_period if isinstance(rc, OpRecompute) else 0, overlap, opt.overlap_param_gather, opt.distributed, bucket_mb,
             4.0 if opt.grad_reduce_dtype == "fp32" else 2.0,
             fsdp, fsdp and dp.reshard_after_forward, dp.prefetch if fsdp else 0,
+            cfg.tensor_parallel.comm_overlap, cfg.pipeline_comm.overlap_p2p,
         ))
     cols = list(zip(*rows))
     chunks = np.zeros((len(cfgs), cfgs[0].parallel.pp, max(c.pipeline.virtual_stages for c in cfgs)), dtype=np.int64)
@@ -170,7 +171,7 @@ def encode(cfgs: Sequence[PlanConfig]) -> Knobs:
         rc=i(4), rc_block=bl(5), rc_n=i(6), sel_attn=bl(7), sel_mlp=bl(8), sel_norm=bl(9), op_period=i(10),
         ogr=bl(11), opg=bl(12), dist=bl(13), bucket_mb=np.asarray(cols[14], dtype=float),
         grad_bytes=np.asarray(cols[15], dtype=float), fsdp=bl(16), raf=bl(17), prefetch=i(18),
-        uneven=uneven, chunks=chunks[uneven],
+        tp_overlap=bl(19), p2p_overlap=bl(20), uneven=uneven, chunks=chunks[uneven],
     )
 
 

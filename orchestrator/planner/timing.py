@@ -73,7 +73,7 @@ def layer_costs(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     hbm = C.hbm_bw * e.elementwise_bw_eff / ACTIVATION_SCALE[C.precision]  # fp32 activations move twice the bytes
     ew_f = (C.ew.forward_h * T * C.h * rep + C.ew.forward_ffn * T * C.ffn / C.t) / hbm
     ew_b = (C.ew.backward_h * T * C.h * rep + C.ew.backward_ffn * T * C.ffn / C.t) / hbm
-    f_tp, b_tp, mlp_tp = tp_exposed(C, T, eta)
+    f_tp, b_tp, mlp_tp = tp_exposed(C, K, T, eta)
     # Op-level recompute (recompute.kind op) runs again the GEMMs it does not keep, every elementwise op and
     # the forward's all-gathers / all-reduces (it keeps reduce-scatter outputs); fused attention is kept.
     op_frac = 0.0
@@ -94,7 +94,7 @@ def layer_costs(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     }
 
 
-def tp_exposed(C: Consts, T: np.ndarray, eta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def tp_exposed(C: Consts, K: Knobs, T: np.ndarray, eta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Exposed tensor-parallel seconds per layer per microbatch: (forward, backward, the MLP's input gather).
 
     One all-gather or reduce-scatter moves the 2Th-byte activation. Without overlap every one is exposed:
@@ -106,15 +106,17 @@ def tp_exposed(C: Consts, T: np.ndarray, eta: np.ndarray) -> tuple[np.ndarray, n
     two-matrix MLP; a GQA/SwiGLU model's widths are folded into ffn).
     """
     c = _ring(C.t, 2.0 * T * C.h, C.bw_tp, C.lat_tp)
-    if not C.tp_overlap:
-        return TP_OPS_FWD * c, (TP_OPS_FWD + (2 if C.sp else 0)) * c, c
+    plain = TP_OPS_FWD * c, (TP_OPS_FWD + (2 if C.sp else 0)) * c, c
+    on = K.tp_overlap & (C.t > 1)
+    if not on.any():  # the usual batch: no config overlaps, skip the overlap formulas
+        return plain
     rate = 1.0 / (C.t * C.peak * eta)  # seconds per FLOP of a layer GEMM, split over the tp GPUs
     qkv, proj, fc = (2.0 * T * w * rate for w in (3 * C.h * C.h, C.h * C.h, C.h * C.ffn))
     pipe = lambda g: pipelined_overlap_exposed(c, g, C.t)  # noqa: E731
     bulk = lambda g: bulk_overlap_exposed(c, g)  # noqa: E731
     fwd = pipe(qkv) + pipe(proj) + 2.0 * pipe(fc)
     bwd = pipe(proj) + pipe(fc) + 2.0 * bulk(qkv) + 2.0 * bulk(fc)
-    return fwd, bwd, pipe(fc)
+    return tuple(np.where(on, o, p) for o, p in zip((fwd, bwd, pipe(fc)), plain))
 
 
 def p2p_send(C: Consts, T: np.ndarray) -> np.ndarray:
@@ -138,7 +140,7 @@ def p2p_exposed(C: Consts, K: Knobs, send: np.ndarray, chunk_fwd: np.ndarray) ->
     stay exposed (Megatron overlaps them only with --overlap-p2p-communication-warmup-flush).
     """
     m, v = K.m.astype(float), K.v.astype(float)
-    hidden = np.where(C.p2p_overlap & (K.v > 1), m * v - interleaved_warmup(C, K)[:, 0], 0.0)
+    hidden = np.where(K.p2p_overlap & (K.v > 1), m * v - interleaved_warmup(C, K)[:, 0], 0.0)
     return 2.0 * ((m * v - hidden + C.p - 1) * send + hidden * np.maximum(0.0, send - chunk_fwd))
 
 

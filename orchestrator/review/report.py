@@ -26,7 +26,8 @@ _SHORT = {"batch.micro_batch_size": "mbs", "parallel.pp": "pp", "pipeline.schedu
           "recompute.method": "rc_method", "recompute.matmul_period": "rc_mm_period", "pipeline.split.kind": "split",
           "optimizer.overlap_param_gather": "param_gather", "data_parallel.overlap_param_gather": "param_gather",
           "tensor_parallel.size": "tp", "tensor_parallel.sequence_parallel": "sp",
-          "tensor_parallel.comm_overlap": "tp_overlap"}
+          "tensor_parallel.comm_overlap": "tp_overlap", "pipeline_comm.overlap_p2p": "p2p_overlap",
+          "optimizer.grad_reduce_dtype": "grad_dtype"}
 
 
 def short_params(params: dict[str, Any]) -> str:

@@ -75,6 +75,9 @@ class Param:
 class Space:
     params: tuple[Param, ...]
     """In suggestion order: every param after the params its ``when`` names."""
+    allow_numerics_change: tuple[str, ...] = ()
+    """Params the file opts in to searching although they change the arithmetic, not only its order
+    (``space.allow_numerics_change``; which knobs need it: orchestrator.parity.verdict.NUMERICS_CHANGING_KNOBS)."""
 
     @property
     def names(self) -> list[str]:
@@ -93,13 +96,21 @@ class Space:
 
 
 def parse_space(data: Any, where: str = "space") -> Space:
-    if not isinstance(data, Mapping) or set(data) - {"params"}:
-        raise ValueError(f"{where}: expected a mapping with one key, params (got {_keys(data)})")
+    if not isinstance(data, Mapping) or "params" not in data or set(data) - {"params", "allow_numerics_change"}:
+        raise ValueError(f"{where}: expected a mapping with params (and optionally allow_numerics_change) "
+                         f"(got {_keys(data)})")
     params = data.get("params")
     if not isinstance(params, Mapping) or not params:
         raise ValueError(f"{where}.params: expected a non-empty mapping of dotted.name: spec")
     parsed = [_parse_param(str(name), spec, f"{where}.params.{name}") for name, spec in params.items()]
-    return Space(tuple(_dependency_order(parsed, where)))
+    allowed = data.get("allow_numerics_change", [])
+    if not isinstance(allowed, list) or not all(isinstance(a, str) for a in allowed):
+        raise ValueError(f"{where}.allow_numerics_change: expected a list of space param names")
+    unknown = [a for a in allowed if a not in params]
+    if unknown:
+        raise ValueError(f"{where}.allow_numerics_change: {', '.join(unknown)} not in {where}.params; list only "
+                         f"params the space searches")
+    return Space(tuple(_dependency_order(parsed, where)), tuple(allowed))
 
 
 def _keys(data: Any) -> Any:

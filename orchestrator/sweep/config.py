@@ -346,6 +346,7 @@ def check_sweep(cfg: SweepConfig) -> backends.Backend:
     backend = backends.build(cfg)
     configs = backend.configs
     parity.check_space_is_throughput_only(cfg.space.override_keys)
+    parity.check_numerics_opt_in(cfg.space.names, cfg.space.allow_numerics_change)
     configs.baseline_params(cfg.space)
     bad: list[str] = []
     seen = 0
@@ -399,7 +400,8 @@ def _all_paths(cls: type = SweepConfig, prefix: str = "") -> list[str]:
         out.append(prefix + f.name)
         if dataclasses.is_dataclass(tp):
             out += _all_paths(tp, f"{prefix}{f.name}.")
-    return out + ["target.step_time_s", "target.relative_to_baseline", "target.schedule", "space.params"]
+    return out + ["target.step_time_s", "target.relative_to_baseline", "target.schedule", "space.params",
+                  "space.allow_numerics_change"]
 
 
 def _suggestion(dotted: str) -> str:

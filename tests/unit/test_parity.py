@@ -150,6 +150,62 @@ def test_numerics_note_names_reduction_order_knobs_with_measured_differences():
     assert numerics_note({"recompute.kind": "full"}, {"recompute.kind": "none"}, verdict) is None
 
 
+BF16 = {"optimizer.grad_reduce_dtype": "bf16", "data_parallel.bucket_mb": 900.0}
+FP32 = {"optimizer.grad_reduce_dtype": "fp32", "data_parallel.bucket_mb": 320.0}
+
+
+# (best params, baseline params, measured?, phrases the line must hold, phrases it must not; None: no line)
+NUMERICS_TABLE = [
+    pytest.param(BF16, FP32, False, ["optimizer.grad_reduce_dtype=bf16 changes the maths",
+                                     "rounded to bf16 before they are summed", "not only summed in another order",
+                                     "data_parallel.bucket_mb change the order", "no parity run judged it"],
+                 ["measured"], id="predicted-bf16"),
+    pytest.param(BF16, FP32, True, ["optimizer.grad_reduce_dtype=bf16 changes the maths", "measured vs the baseline: "
+                                    "loss 1.0e-07"], ["no parity run"], id="measured-bf16"),
+    pytest.param({**FP32, "data_parallel.bucket_mb": 900.0}, FP32, True,
+                 ["numerics risk: data_parallel.bucket_mb change the order", "loss 1.0e-07"], ["changes the maths"],
+                 id="measured-reorder-only"),
+    pytest.param({**FP32, "data_parallel.bucket_mb": 900.0}, FP32, False, None, None, id="predicted-reorder-only"),
+    pytest.param(BF16, {**BF16, "data_parallel.bucket_mb": 320.0}, False, None, None, id="baseline-already-bf16"),
+]
+
+
+@pytest.mark.parametrize("params, baseline, measured, holds, lacks", NUMERICS_TABLE)
+def test_numerics_note_names_a_maths_change_with_or_without_a_parity_run(params, baseline, measured, holds, lacks):
+    from orchestrator.parity.verdict import numerics_note
+
+    ref = reference_from_result(make_result([5.0, 4.9]))
+    verdict = compare(ref, make_result([5.0, 4.9 * (1 + 1e-7)])) if measured else None
+    note = numerics_note(params, baseline, verdict)
+    if holds is None:
+        assert note is None
+        return
+    assert all(h in note for h in holds), note
+    assert not any(x in note for x in lacks), note
+
+
+# (searched params, opted in, the error's start; None: accepted)
+OPT_IN_TABLE = [
+    (["optimizer.grad_reduce_dtype", "data_parallel.bucket_mb"], [], "space.params.optimizer.grad_reduce_dtype: changes the maths"),
+    (["optimizer.grad_reduce_dtype"], ["optimizer.grad_reduce_dtype"], None),
+    (["data_parallel.bucket_mb"], [], None),
+    (["data_parallel.bucket_mb"], ["data_parallel.bucket_mb"],
+     "space.allow_numerics_change: data_parallel.bucket_mb does not change the arithmetic"),
+]
+
+
+@pytest.mark.parametrize("names, allowed, error", OPT_IN_TABLE)
+def test_a_maths_changing_knob_is_searched_only_with_the_opt_in(names, allowed, error):
+    from orchestrator.parity.verdict import check_numerics_opt_in
+
+    if error is None:
+        check_numerics_opt_in(names, allowed)
+        return
+    with pytest.raises(ValueError) as e:
+        check_numerics_opt_in(names, allowed)
+    assert str(e.value).startswith(error) and "\n" not in str(e.value)
+
+
 # ---- the trust chain: canonical -> baseline -> trials (orchestrator.parity.trust) ----------------------------
 
 def _cfg(**over) -> TrainConfig:

@@ -191,3 +191,20 @@ def test_baseline_lies_within_the_space(preset, base):
             assert value in spec["choices"], name
         else:
             assert spec["low"] <= value <= spec["high"], name
+
+
+def test_the_preset_searches_the_comm_levers_and_opts_in_to_bf16_reduction(preset, tmp_path):
+    """The new levers enumerate without an invalid config (load_sweep checks every config the space makes),
+    and bf16 gradient reduction, which changes the maths, is searched only because the file opts in."""
+    from orchestrator.sweep.config import load_sweep
+
+    cfg = load_sweep(PRESET)
+    assert {"tensor_parallel.comm_overlap", "pipeline_comm.overlap_p2p", "optimizer.grad_reduce_dtype"} <= set(cfg.space.names)
+    assert cfg.space.allow_numerics_change == ("optimizer.grad_reduce_dtype",)
+    no_opt_in = {**preset, "space": {"params": preset["space"]["params"]}}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(no_opt_in))
+    with pytest.raises(ValueError) as e:
+        load_sweep(tmp_path / "p.yaml")
+    assert str(e.value).startswith("space.params.optimizer.grad_reduce_dtype: changes the maths")
+    assert "add `allow_numerics_change: [optimizer.grad_reduce_dtype]` under space:" in str(e.value)
+    assert "\n" not in str(e.value)

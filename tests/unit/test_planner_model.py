@@ -207,3 +207,34 @@ def test_enumerator_matches_planconfig_and_predict():
     best = grid.best()
     assert grid.valid[best] and grid.fits_memory[best]
     assert grid.step_time_s[best] == grid.feasible_times().min()
+
+
+COMM_SPACE = {
+    "pipeline.schedule": {"type": "categorical", "choices": ["1f1b", "interleaved_1f1b"]},
+    "pipeline.virtual_stages": {"type": "categorical", "choices": [3], "when": {"pipeline.schedule": "interleaved_1f1b"}},
+    "tensor_parallel.comm_overlap": {"type": "categorical", "choices": [False, True]},
+    "pipeline_comm.overlap_p2p": {"type": "categorical", "choices": [False, True],
+                                  "when": {"pipeline.schedule": "interleaved_1f1b"}, "default": True},
+}
+
+
+@pytest.mark.parametrize("sequence_parallel, tp, valid", [
+    (True, 2, 6),    # 1f1b x 2 TP overlaps + interleaved x 2 x 2
+    (False, 2, 3),   # comm_overlap needs sequence parallelism at tp > 1: half refused, as PlanConfig refuses them
+    (False, 1, 6),   # ... and is a no-op at tp 1, so nothing is refused
+])
+def test_enumerator_searches_the_comm_overlaps_as_predict_prices_them(sequence_parallel, tp, valid):
+    base = dataclasses.replace(_small(), tensor_parallel=TensorParallel(size=tp, sequence_parallel=sequence_parallel),
+                               parallel=ParallelConfig(pp=4, dp=16 // tp))
+    base = dataclasses.replace(base, batch=BatchConfig(64))
+    grid = enumerate_space(base, COMM_SPACE)
+    assert grid.n == 2 + 2 * 2
+    checked = grid_agrees_with_predict(base, grid, range(grid.n))
+    assert checked[True] == int(grid.valid.sum()) == valid
+    times = {tuple(sorted(grid.params(i).items())): grid.step_time_s[i] for i in np.flatnonzero(grid.valid)}
+    if tp > 1 and sequence_parallel:  # the levers are priced, not ignored: each overlap saves time here
+        key = lambda **kw: tuple(sorted({"pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 3,
+                                          "tensor_parallel.comm_overlap": False, "pipeline_comm.overlap_p2p": False,
+                                          **kw}.items()))  # noqa: E731
+        assert times[key(**{"tensor_parallel.comm_overlap": True})] < times[key()]
+        assert times[key(**{"pipeline_comm.overlap_p2p": True})] < times[key()]

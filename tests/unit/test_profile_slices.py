@@ -10,7 +10,7 @@ import yaml
 
 from orchestrator.__main__ import main
 from orchestrator.plan.prefilter import load_cluster
-from orchestrator.plan.profile import derive_slices, memory_refusal
+from orchestrator.plan.slices import derive_slices, memory_refusal
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = ROOT / "search_spaces" / "clusters" / "cpu-local.yaml"
@@ -135,7 +135,7 @@ def test_cli_refuses_in_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
 def test_trainer_slices_of_a_ray_sweep_keep_its_shape_and_cover_each_knob_once():
     """``derive_trainer_slices`` of the default (ray) sweep: the trainer section's shape at 1-2 layers, pp 1,
     dp = ranks, the baseline's mbs and recompute first, each other space value once; bad flags name the flag."""
-    from orchestrator.plan.profile import derive_trainer_slices
+    from orchestrator.plan.slices import derive_trainer_slices
 
     sweep = yaml.safe_load((ROOT / "search_spaces" / "default.yaml").read_text())
     plan = derive_trainer_slices(sweep, ranks=2, layers=1, steps=6)
@@ -155,3 +155,31 @@ def test_trainer_slices_of_a_ray_sweep_keep_its_shape_and_cover_each_knob_once()
         derive_trainer_slices(sweep, steps=2)
     with pytest.raises(ValueError, match="trainer: section missing"):
         derive_trainer_slices({"space": sweep["space"]})
+
+
+# (the runner: what it does; whether the local launcher must run; what the printout's "where" must say)
+RUNNER_TABLE = [
+    pytest.param("ok", False, "ray group", id="ray-runs-them"),
+    pytest.param("unavailable", True, "local launcher (note: Ray could not start (no room for 2 ranks))",
+                 id="ray-cannot-start"),
+    pytest.param(None, True, "local launcher (note: no Ray runner was given)", id="no-runner"),
+]
+
+
+@pytest.mark.parametrize("runner_kind, local, where", RUNNER_TABLE)
+def test_slices_run_on_the_runner_and_fall_back_to_the_local_launcher_only_when_it_cannot_start(
+        monkeypatch, runner_kind, local, where):
+    import trainer.launch
+    from orchestrator.plan.profile import RunnerUnavailable, run_slices
+
+    launched = []
+    monkeypatch.setattr(trainer.launch, "spawn_many", lambda cfgs: launched.append(cfgs) or ["local"] * len(cfgs))
+
+    def runner(cfgs, device):
+        if runner_kind == "unavailable":
+            raise RunnerUnavailable("no room for 2 ranks\nsecond line")
+        return ["ray"] * len(cfgs), "ray group"
+
+    results, said = run_slices(["a", "b"], "cpu", runner if runner_kind else None)
+    assert results == (["local", "local"] if local else ["ray", "ray"]) and bool(launched) == local
+    assert where in said and "second line" not in said

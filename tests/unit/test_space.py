@@ -72,7 +72,11 @@ def test_bad_specs_name_the_param(spec, message):
 
 def test_bad_space_shapes():
     for data, message in [(None, "space: expected a mapping"), ({"params": {}}, "space.params"),
-                          ({"params": {"a": {"type": "int", "low": 1, "high": 2}}, "extra": 1}, "space:")]:
+                          ({"params": {"a": {"type": "int", "low": 1, "high": 2}}, "extra": 1}, "space:"),
+                          ({"params": {"a": {"type": "int", "low": 1, "high": 2}}, "allow_numerics_change": ["b"]},
+                           "space.allow_numerics_change: b not in space.params"),
+                          ({"params": {"a": {"type": "int", "low": 1, "high": 2}}, "allow_numerics_change": "a"},
+                           "space.allow_numerics_change: expected a list")]:
         with pytest.raises(ValueError, match=message):
             parse_space(data)
 

@@ -1,5 +1,6 @@
-"""``steptune profile`` end to end on CPU: real trainer ranks run the slices, the planner is fitted to them, and
-the calibration file it writes is what ``steptune plan`` then predicts with."""
+"""``steptune profile`` end to end on CPU: the slices run on a warm Ray worker group as a sweep's trials do (this
+session's embedded Ray), the planner is fitted to them, and the calibration file it writes is what ``steptune
+plan`` then predicts with."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import yaml
 from orchestrator.__main__ import main
 from orchestrator.plan.calibration import load_calibration
 
-pytestmark = pytest.mark.distributed
+pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 SWEEP = {
@@ -33,7 +34,7 @@ SWEEP = {
 
 
 @pytest.mark.timeout(120)
-def test_profile_runs_the_slices_and_writes_a_measured_calibration_plan_uses(tmp_path, capsys):
+def test_profile_runs_the_slices_on_ray_and_writes_a_measured_calibration_plan_uses(ray_address, tmp_path, capsys):
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(SWEEP))
     out = tmp_path / "tiny-cal.yaml"
@@ -41,6 +42,7 @@ def test_profile_runs_the_slices_and_writes_a_measured_calibration_plan_uses(tmp
                  "--steps", "3", "--cluster", str(ROOT / "search_spaces" / "clusters" / "cpu-local.yaml")]) == 0
     printed = capsys.readouterr().out
     assert "mbs=4 recompute=none" in printed and f"wrote {out}" in printed
+    assert "ran on a warm Ray worker group of 2 rank(s)" in printed and "local launcher" not in printed
 
     doc = yaml.safe_load(out.read_text())
     prov = doc["provenance"]

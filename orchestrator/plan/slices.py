@@ -1,0 +1,212 @@
+"""Slices of a production layer shape: a sweep file -> short trainer configs of its real layer, few layers.
+
+``derive_slices`` (a model-backend file: its ``planner:`` model, job and knob sections and its ``space:``) and
+``derive_trainer_slices`` (a ray-backend file's ``trainer:`` section) build trainer configs of the layer shape
+with only ``layers`` layers: every micro-batch size and every recompute kind of the space, each once (not
+their product), on ``ranks`` ranks at the production tensor-parallel size when it divides them.
+``memory_refusal`` predicts each slice's peak with the planner's memory model (the pre-filter's) before
+anything runs. Pure: nothing here runs; ``orchestrator.plan.profile`` runs and fits them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from orchestrator.planner import ClusterSpec, Efficiency
+from orchestrator.planner.parse import plan_config_from_dict
+from orchestrator.units import fmt_bytes
+
+PRECISION = {"mixed": "bf16", "bf16_autocast": "bf16", "fp32": "fp32"}
+"""Planner job.precision -> trainer run.precision (the trainer's bf16 is autocast over fp32 weights)."""
+
+
+@dataclass(frozen=True)
+class Slice:
+    name: str
+    """What varies from the first slice, e.g. ``mbs=2 recompute=full``."""
+    config: Any
+    """The trainer config (``trainer.config.TrainConfig``)."""
+
+
+@dataclass(frozen=True)
+class SlicePlan:
+    slices: tuple[Slice, ...]
+    shape: dict[str, int | str]
+    """d_model, n_heads, d_ff, vocab_size, seq_len, precision as run."""
+    layers: int
+    ranks: int
+    tp: int
+    shrink: int
+    notes: tuple[str, ...]
+    """Where the slice differs from the production model or job."""
+
+
+def _choices(space: Mapping[str, Any], name: str) -> list[Any]:
+    spec = ((space or {}).get("params") or {}).get(name)
+    if not isinstance(spec, Mapping):
+        return []
+    if "choices" in spec:
+        return list(spec["choices"])
+    if spec.get("type") == "int":  # a range: its ends bracket what the sweep will try
+        return sorted({int(spec["low"]), int(spec["high"])})
+    return []
+
+
+def _recompute(kind: str, base: Any, layers: int) -> Any:
+    from trainer.knobs import FullRecompute, NoRecompute, OpRecompute, SelectiveRecompute
+
+    if kind == base.kind:  # keep the production settings (modules, method), within the slice's layers
+        return (dataclasses.replace(base, num_layers=min(base.num_layers, layers))
+                if isinstance(base, FullRecompute) else base)
+    table = {"none": NoRecompute(), "selective": SelectiveRecompute(), "op": OpRecompute(),
+             "full": FullRecompute(method="uniform", num_layers=1)}
+    if kind not in table:
+        raise ValueError(f"space.params.recompute.kind: {kind!r} is not one of {', '.join(table)}")
+    return table[kind]
+
+
+def derive_slices(sweep: Mapping[str, Any], ranks: int = 2, layers: int = 2, shrink: int = 1, steps: int = 4,
+                  device: str = "cpu", with_tp1: bool = False) -> SlicePlan:
+    """The slice trial configs of a model-backend sweep file (a mapping; its file keys already resolved).
+
+    ValueError naming the flag or field for anything that cannot make a slice.
+    """
+    from trainer.config import TrainConfig
+
+    for flag, value, low in (("--ranks", ranks, 1), ("--layers", layers, 1), ("--shrink", shrink, 1),
+                             ("--steps", steps, 2)):
+        if not isinstance(value, int) or value < low:
+            raise ValueError(f"{flag}: must be an integer >= {low}, got {value!r}")
+    if not isinstance(sweep.get("planner"), Mapping):
+        raise ValueError("planner: section missing (profile reads a sweep file with backend: model)")
+    plan = plan_config_from_dict(sweep["planner"])
+    m, notes = plan.model, []
+    tp = plan.tensor_parallel.size
+    if ranks % tp:
+        notes.append(f"tensor_parallel.size={tp} does not divide --ranks {ranks}: the slice runs at tp 1, so its "
+                     f"GEMMs are the whole layer's, not one TP rank's")
+        tp = 1
+    heads, hidden, ffn, vocab = m.num_heads, m.hidden_size, m.ffn_hidden_size or 4 * m.hidden_size, m.vocab_size
+    if shrink > 1:
+        # Divide, then round down to what tensor parallelism needs: whole heads, MLP and vocabulary per rank.
+        heads = max(tp, heads // shrink // tp * tp)
+        hidden = heads * max(1, hidden // shrink // heads)
+        ffn, vocab = (max(tp, v // shrink // tp * tp) for v in (ffn, vocab))
+        notes.append(f"--shrink {shrink}: hidden {m.hidden_size}->{hidden}, heads {m.num_heads}->{heads}, ffn "
+                     f"{m.ffn_hidden_size or 4 * m.hidden_size}->{ffn}, vocab {m.vocab_size}->{vocab}: the fit "
+                     f"does not describe the production GEMMs")
+    notes += _model_notes(m)
+    precision = PRECISION[plan.job.precision]
+    if plan.job.precision == "mixed":
+        notes.append("job.precision=mixed runs as the trainer's bf16 autocast (fp32 weights and Adam state): "
+                     "the GEMMs are bf16 as in production, the memory per parameter is not")
+    tpc = plan.tensor_parallel
+    if tpc.comm_overlap and device != "cuda":
+        notes.append("tensor_parallel.comm_overlap needs CUDA: the slice runs without it")
+        tpc = dataclasses.replace(tpc, comm_overlap=False)
+    tpc = dataclasses.replace(tpc, size=tp, **({"comm_overlap": False} if tp == 1 else {}))
+    base_knobs = sweep.get("baseline") or {}
+    mbs0 = int(base_knobs.get("batch.micro_batch_size", plan.batch.micro_batch_size))
+    kind0 = str(base_knobs.get("recompute.kind", plan.recompute.kind))
+    variants = [(mbs0, kind0)]
+    variants += [(int(b), kind0) for b in _choices(sweep.get("space"), "batch.micro_batch_size") if int(b) != mbs0]
+    variants += [(mbs0, str(k)) for k in _choices(sweep.get("space"), "recompute.kind") if str(k) != kind0]
+    shape = {"d_model": hidden, "n_heads": heads, "d_ff": ffn, "vocab_size": vocab, "seq_len": plan.job.seq_len,
+             "precision": precision}
+    slices = []
+    variants = [(m_, k_, tp) for m_, k_ in dict.fromkeys(variants)]
+    if tp > 1 and with_tp1:
+        # At tp > 1 the trainer's forward/backward/optimizer phases hold the TP collectives, so calibration
+        # cannot use them; one tp 1 slice of the baseline measures the compute phases alone.
+        variants.append((mbs0, kind0, 1))
+    for mbs, kind, tp_ in variants:
+        dp = ranks // tp_
+        cfg = TrainConfig(
+            model=dataclasses.replace(TrainConfig().model, n_layers=layers, d_model=hidden, n_heads=heads, d_ff=ffn,
+                                      vocab_size=vocab, seq_len=plan.job.seq_len),
+            # Two microbatches per replica: gradient accumulation as production does it, at the least cost.
+            batch=dataclasses.replace(plan.batch, global_batch=mbs * dp * 2, micro_batch_size=mbs),
+            parallel=dataclasses.replace(plan.parallel, pp=1, dp=dp),
+            tensor_parallel=tpc if tp_ == tp else dataclasses.replace(tpc, size=1, comm_overlap=False),
+            recompute=_recompute(kind, plan.recompute, layers),
+            run=dataclasses.replace(TrainConfig().run, steps=steps, warmup_steps=1, precision=precision,
+                                    device=device, timeline_steps=0))
+        slices.append(Slice(f"mbs={mbs} recompute={kind}" + (" tp=1" if tp_ != tp else ""), cfg))
+    return SlicePlan(tuple(slices), shape, layers, ranks, tp, shrink, tuple(notes))
+
+
+def derive_trainer_slices(sweep: Mapping[str, Any], ranks: int = 2, layers: int = 2, steps: int = 6,
+                          warmup: int = 2) -> SlicePlan:
+    """The slice configs of a ray-backend sweep file (``trainer:``, ``baseline:``, ``space:``; a mapping): its
+    own model shape, run, data and optimizer, with ``layers`` layers, pp 1 and dp ``ranks``; the baseline's
+    micro-batch size and recompute kind, then every other micro-batch size and every other recompute kind of
+    the space, each once. Two microbatches per replica, so gradient accumulation is in every slice.
+
+    ValueError naming the flag or field for anything that cannot make a slice.
+    """
+    from trainer.config import TrainConfig
+    from trainer.mapping import apply_overrides
+
+    for flag, value, low in (("--ranks", ranks, 1), ("--layers", layers, 1), ("--steps", steps, warmup + 1)):
+        if not isinstance(value, int) or value < low:
+            raise ValueError(f"{flag}: must be an integer >= {low}, got {value!r}")
+    if not isinstance(sweep.get("trainer"), Mapping):
+        raise ValueError("trainer: section missing (a sweep file with backend: ray)")
+    baseline = dict(sweep.get("baseline") or {})
+    # The baseline's own knobs (e.g. its recompute settings) but not its layout: a slice is pp 1, tp 1.
+    knobs = {k: v for k, v in baseline.items() if not k.startswith(("parallel.", "pipeline.", "tensor_parallel."))}
+    base = TrainConfig.from_dict(apply_overrides(dict(sweep["trainer"]), knobs))
+    if base.tensor_parallel.size != 1:
+        raise ValueError("trainer.tensor_parallel.size: slices of a ray-backend file run at tp 1")
+    mbs0, kind0 = base.batch.micro_batch_size, base.recompute.kind
+    variants = [(mbs0, kind0)]
+    variants += [(int(b), kind0) for b in _choices(sweep.get("space"), "batch.micro_batch_size") if int(b) != mbs0]
+    variants += [(mbs0, str(k)) for k in _choices(sweep.get("space"), "recompute.kind") if str(k) != kind0]
+    slices = []
+    for mbs, kind in dict.fromkeys(variants):
+        cfg = dataclasses.replace(
+            base, model=dataclasses.replace(base.model, n_layers=layers),
+            batch=dataclasses.replace(base.batch, global_batch=mbs * ranks * 2, micro_batch_size=mbs),
+            parallel=dataclasses.replace(base.parallel, pp=1, dp=ranks),
+            pipeline=type(base.pipeline)(), recompute=_recompute(kind, base.recompute, layers),
+            run=dataclasses.replace(base.run, steps=steps, warmup_steps=warmup, timeline_steps=0))
+        slices.append(Slice(f"ranks={ranks} layers={layers} mbs={mbs} recompute={kind}", cfg))
+    m = base.model
+    shape = {"d_model": m.d_model, "n_heads": m.n_heads, "d_ff": m.ffn_dim, "vocab_size": m.vocab_size,
+             "seq_len": m.seq_len, "precision": base.run.precision}
+    return SlicePlan(tuple(slices), shape, layers, ranks, 1, 1, ())
+
+
+def _model_notes(m: Any) -> list[str]:
+    """What the trainer's GPT (pre-LayerNorm, GELU MLP, MHA, learned positions, no biases) cannot reproduce."""
+    notes = []
+    h, f = m.hidden_size, m.ffn_hidden_size or 4 * m.hidden_size
+    if m.layer_gemms and tuple(map(tuple, m.layer_gemms)) != ((h, 3 * h), (h, h), (h, f), (f, h)):
+        notes.append("model.layer_gemms is not the trainer's QKV/proj/FC1/FC2 (a gated MLP or GQA?): the slice "
+                     "runs the two-matrix GELU MLP and full multi-head attention at the same ffn width")
+    if m.linear_biases:
+        notes.append("model.linear_biases: the trainer's GEMMs have no biases (a negligible difference in time)")
+    if not m.flash_attention:
+        notes.append("model.flash_attention=false: the trainer's SDPA picks fused kernels; the fit is of fused attention")
+    if m.position_embeddings == 0:
+        notes.append("model.position_embeddings=0 (rotary): the trainer learns absolute positions (seq_len rows)")
+    if m.tied_embeddings:
+        notes.append("model.tied_embeddings: the trainer's LM head is separate (one more vocab x hidden matrix)")
+    return notes
+
+
+def memory_refusal(slices: SlicePlan, cluster: ClusterSpec, prior: Efficiency, cluster_name: str) -> str | None:
+    """One line naming the first slice predicted over the memory budget and what it needs, or None."""
+    from orchestrator.plan.prefilter import MemoryPrefilter
+
+    check = MemoryPrefilter(cluster, prior)
+    for s in slices.slices:
+        v = check.verdict(s.config)
+        if v.skip:
+            return (f"slice {s.name} ({slices.layers} layers, d_model {slices.shape['d_model']}, tp {slices.tp}) "
+                    f"needs {fmt_bytes(v.predicted_bytes)} per rank (predicted), over the "
+                    f"{fmt_bytes(v.budget_bytes)} budget of {cluster_name}; nothing was run (a smaller shape: "
+                    f"--shrink F, or a cluster file with more memory)")
+    return None
