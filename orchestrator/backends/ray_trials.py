@@ -17,6 +17,7 @@ from orchestrator.backends.base import Judgement, RunOutcome, SpaceConfigs, with
 from orchestrator.backends.ray_runner import RayRunner, connect
 from orchestrator.plan.calibration import load_calibration
 from orchestrator.plan.prefilter import SETTINGS, MemoryPrefilter, load_cluster
+from orchestrator.plan.sources import resolve_path
 from orchestrator.records.record import Probe
 from orchestrator.search.space import Space, params_for
 from trainer.config import TrainConfig, apply_overrides, flatten
@@ -198,12 +199,12 @@ def prefilter_from_settings(settings: Mapping[str, Any] | None, base_dir: str | 
     if not settings.get("cluster"):
         raise ValueError("prefilter.cluster: required (e.g. search_spaces/clusters/cpu-local.yaml)")
     try:
-        cluster, efficiency = load_cluster(_resolve(settings["cluster"], base_dir))
+        cluster, efficiency = load_cluster(resolve_path(settings["cluster"], Path(base_dir)))
     except ValueError as e:
         raise ValueError(f"prefilter.cluster: {e}") from None
     if settings.get("calibration"):
         try:
-            efficiency = load_calibration(_resolve(settings["calibration"], base_dir))
+            efficiency = load_calibration(resolve_path(settings["calibration"], Path(base_dir)))
         except ValueError as e:
             raise ValueError(f"prefilter.calibration: {e}") from None
     budget_gb = settings.get("memory_budget_gb", default_budget_gb)
@@ -216,9 +217,3 @@ def prefilter_from_settings(settings: Mapping[str, Any] | None, base_dir: str | 
     return MemoryPrefilter(cluster, efficiency, budget_bytes=budget_gb * 2**30 if budget_gb else None,
                            margin=float(margin))
 
-
-def _resolve(path: str | Path, base_dir: str | Path) -> Path:
-    p = Path(path)
-    if p.is_absolute() or p.exists():
-        return p
-    return Path(base_dir) / p
