@@ -63,3 +63,24 @@ def test_profile_runs_the_slices_on_ray_and_writes_a_measured_calibration_plan_u
     assert eff.matmul_eff == doc["efficiency"]["matmul_eff"]
     assert main(["plan", "--config", str(config), f"planner.calibration_file={out}"]) == 0
     assert f"efficiency set: fitted (calibration file {out.name})" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(240)
+def test_netcal_then_profile_then_plan_on_this_machine(ray_address, tmp_path, capsys):
+    """The three commands a team runs (docs/planner.md), end to end on CPU: measure the network (gloo tables in
+    nccl-tests' format) into a cluster file, profile the layer shape against that cluster file, and predict the
+    job with both files; the prediction says what is measured and which efficiency set it used."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(SWEEP))
+    cluster, cal = tmp_path / "measured-cluster.yaml", tmp_path / "measured-cal.yaml"
+    assert main(["netcal", "--measure", "2", "--ops", "all_reduce,all_gather", "--out", str(cluster),
+                 "--base", str(ROOT / "search_spaces" / "clusters" / "cpu-local.yaml")]) == 0
+    assert main(["profile", "--config", str(config), "--out", str(cal), "--ranks", "2", "--layers", "1",
+                 "--steps", "3", "--cluster", str(cluster)]) == 0
+    assert yaml.safe_load(cal.read_text())["provenance"]["cluster_file"] == str(cluster)
+    capsys.readouterr()
+    assert main(["plan", "--config", str(config), f"planner.cluster_file={cluster}",
+                 f"planner.calibration_file={cal}"]) == 0
+    out = capsys.readouterr().out
+    assert f"network: MEASURED intra_node_bw_GBps, intra_node_latency_us from {cluster.name}" in out
+    assert f"efficiency set: fitted (calibration file {cal.name})" in out
