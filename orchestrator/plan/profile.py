@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from orchestrator.plan.slices import SlicePlan, derive_slices, memory_refusal
+from orchestrator.plan.slices import Slice, SlicePlan, derive_slices, memory_refusal
 from orchestrator.planner import Calibration, ClusterSpec, Efficiency, calibrate
 
 COMPUTE_FIT = ("matmul_eff", "flash_attention_eff", "op_overhead_us", "elementwise_bw_eff", "optimizer_bw_eff",
@@ -98,7 +98,41 @@ def provenance(slices: SlicePlan, fitted: SliceFit, results: Sequence[Any], conf
                                                                      for k, v in cal.errors_after.items()},
             "network": "not fitted: tp/dp/pp bandwidth efficiencies are the cluster file's (steptune netcal)",
             "tp_comm": [{"name": n, "measured_s": round(m, 6), "predicted_s": round(p, 6)} for n, m, p in fitted.tp_comm],
+            "measured": measurements(slices, results),
             "notes": list(slices.notes)}
+
+
+def measurements(slices: SlicePlan, results: Sequence[Any]) -> list[dict[str, Any]]:
+    """What each slice measured, per layer where it is a per-layer quantity (the median update's seconds, the
+    slowest rank's).
+
+    Forward and backward are per layer (the slice's whole pass over its ``layers``: embedding and head
+    included, which is why the fit, not this division, is what the planner uses); backward includes any
+    recompute, whose own time is the backward's excess over the slice with the same micro-batch size and no
+    recompute, when the space has both. TP communication sits inside forward and backward. The optimizer
+    step is per update. Memory is per rank: parameters and peak saved activations."""
+    def phase(r: Any, name: str) -> float:
+        v = (r.phases.get(name) or {}).get("max")
+        return float(v) if isinstance(v, (int, float)) else 0.0
+
+    plain = {(s.config.batch.micro_batch_size, s.config.tensor_parallel.size): r
+             for s, r in zip(slices.slices, results) if s.config.recompute.kind == "none"}
+    out = []
+    for s, r in zip(slices.slices, results):
+        def per_layer(v: float) -> float:
+            return round(v / slices.layers, 6)
+
+        row = {"name": s.name, "forward_s_per_layer": per_layer(phase(r, "forward")),
+               "backward_s_per_layer": per_layer(phase(r, "backward")),
+               "tp_comm_s_per_layer": per_layer(phase(r, "tp_comm")),
+               "optimizer_s_per_update": round(phase(r, "optimizer"), 6),
+               "param_bytes_per_rank": (r.memory.get("param_bytes") or {}).get("max"),
+               "saved_activation_peak_bytes_per_rank": (r.memory.get("saved_activation_peak_bytes") or {}).get("max")}
+        base = plain.get((s.config.batch.micro_batch_size, s.config.tensor_parallel.size))
+        if s.config.recompute.kind != "none" and base is not None:
+            row["recompute_s_per_layer"] = per_layer(max(0.0, phase(r, "backward") - phase(base, "backward")))
+        out.append(row)
+    return out
 
 
 def hardware_name(results: Sequence[Any]) -> str:
@@ -151,6 +185,28 @@ def add_arguments(p: Any) -> None:
                    help="run the slices on an existing Ray cluster (default: an embedded local Ray, as a sweep)")
     p.add_argument("--slice-timeout-s", type=float, default=600.0, metavar="S",
                    help="seconds one slice may take before its worker group is killed (default: 600)")
+    p.add_argument("--parity", action="store_true",
+                   help="also check each slice against its one-rank canonical run (the sweep's parity gate); a "
+                        "slice that fails is reported and left out of the fit (default: off, like a probe)")
+
+
+def check_parity(slices: Sequence[Slice], results: Sequence[Any]) -> list[dict[str, Any]]:
+    """Each slice against the canonical layout of its own maths (``parity.trust.canonical_config``: one rank,
+    one microbatch, no recompute, tp 1), run on the trainer's local launcher, under the sweep's tolerances."""
+    from orchestrator.parity import trust
+    from orchestrator.parity.verdict import compare, describe_failure, reference_from_result
+    from trainer.launch import spawn_many
+
+    canon = spawn_many([trust.canonical_config(s.config) for s in slices])
+    out = []
+    for s, r, c in zip(slices, results, canon):
+        if isinstance(c, BaseException):
+            out.append({"name": s.name, "passed": None, "why": f"the canonical run failed: {str(c)[:200]}"})
+            continue
+        v = compare(reference_from_result(c, role="canonical"), r)
+        out.append({"name": s.name, "passed": bool(v["passed"]),
+                    "why": None if v["passed"] else describe_failure(v)})
+    return out
 
 
 def run_slices(cfgs: list[Any], device: str, runner: SliceRunner | None) -> tuple[list[Any], str]:
@@ -211,6 +267,16 @@ def run(args: Any, runner: SliceRunner | None = None) -> int:
     if not kept:
         print("no slice ran to the end: nothing to fit, nothing written")
         return 1
+    checked: list[dict[str, Any]] = []
+    if args.parity:
+        checked = check_parity([s for s, _ in kept], [r for _, r in kept])
+        for c, (s, _) in zip(checked, kept):
+            print(f"parity {s.name}: " + ("pass" if c["passed"] else f"FAIL ({c['why']}): left out of the fit"
+                                          if c["passed"] is False else c["why"]))
+        kept = [k for k, c in zip(kept, checked) if c["passed"] is not False]
+        if not kept:
+            print("every slice failed parity: nothing to fit, nothing written")
+            return 1
     ran = dataclasses.replace(slices, slices=tuple(s for s, _ in kept))
     fitted = fit_slices(ran, [r for _, r in kept], cluster, prior)
     eff = dataclasses.replace(fitted.calibration.efficiency, basis="fitted",
@@ -219,6 +285,7 @@ def run(args: Any, runner: SliceRunner | None = None) -> int:
     cal = dataclasses.replace(fitted.calibration, efficiency=eff)
     prov = provenance(ran, fitted, [r for _, r in kept], str(path), args.cluster, hardware_name([r for _, r in kept]),
                       str(torch.__version__), now())
+    prov["parity"] = checked or "off (steptune profile --parity checks each slice against its canonical run)"
     write_calibration(cal, out, cluster_file=args.cluster, provenance=prov,
                       header="# Planner compute efficiency fitted by `steptune profile` to measured slices of the "
                              "production layer shape.\n# Use it as planner.calibration_file=THIS; only the "

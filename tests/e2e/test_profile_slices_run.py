@@ -76,9 +76,19 @@ def test_netcal_then_profile_then_plan_on_this_machine(ray_address, tmp_path, ca
     assert main(["netcal", "--measure", "2", "--ops", "all_reduce,all_gather", "--out", str(cluster),
                  "--base", str(ROOT / "search_spaces" / "clusters" / "cpu-local.yaml")]) == 0
     assert main(["profile", "--config", str(config), "--out", str(cal), "--ranks", "2", "--layers", "1",
-                 "--steps", "3", "--cluster", str(cluster)]) == 0
-    assert yaml.safe_load(cal.read_text())["provenance"]["cluster_file"] == str(cluster)
-    capsys.readouterr()
+                 "--steps", "3", "--cluster", str(cluster), "--parity"]) == 0
+    assert "parity mbs=1 recompute=none: pass" in capsys.readouterr().out
+    prov = yaml.safe_load(cal.read_text())["provenance"]
+    assert prov["cluster_file"] == str(cluster)
+    # --parity: every slice (tp 2, sequence parallel) learned what its one-rank canonical run learned
+    assert [c["passed"] for c in prov["parity"]] == [True] * 4
+    # what was measured, per layer: forward, backward, TP comm; recompute as the backward's excess; memory
+    measured = {m["name"]: m for m in prov["measured"]}
+    assert all(m["forward_s_per_layer"] > 0 and m["backward_s_per_layer"] > 0 and m["tp_comm_s_per_layer"] > 0
+               and m["param_bytes_per_rank"] > 0 and m["saved_activation_peak_bytes_per_rank"] > 0
+               for m in measured.values())
+    assert "recompute_s_per_layer" in measured["mbs=1 recompute=full"]
+    assert "recompute_s_per_layer" not in measured["mbs=1 recompute=none"]
     assert main(["plan", "--config", str(config), f"planner.cluster_file={cluster}",
                  f"planner.calibration_file={cal}"]) == 0
     out = capsys.readouterr().out
