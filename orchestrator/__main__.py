@@ -93,11 +93,16 @@ def _sweep(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         log.error("interrupted; the ledger has every finished trial. Rerun the same command to resume.")
         return EXIT_INTERRUPTED
+    from orchestrator.records.answer import decide
+
     where = "" if cfg.storage.results_dir == "results" else f" --results-dir {cfg.storage.results_dir}"
     print()
-    print(report.table(records, summary["target_s"]))
+    print(report.table(records, decide(records, cfg.target, cfg.winner)))
     print()
     print(report.summary_text(summary))
+    if summary.get("already_finished") is not None:
+        print(f"sweep {cfg.name!r} finished already (search.n_trials={summary['already_finished']}); nothing ran. "
+              f"To extend it, rerun with a larger budget, e.g. search.n_trials={summary['already_finished'] + 10}")
     print(f"stopped because {summary['stopped_because']}")
     print(f"ledger: {cfg.results_dir / 'trials.jsonl'}; again: steptune report --sweep {cfg.name}{where}")
     if summary["mlflow_ui"]:
@@ -117,15 +122,17 @@ def _report(args: argparse.Namespace) -> int:
     from orchestrator.sweep.config import load_saved_sweep
     from orchestrator.records.ledger import read_records
     from orchestrator.search.target import parse_target
-    from orchestrator.records.winner import RULE
+    from orchestrator.records.answer import RULE, decide
 
     ledger = pick_ledger(args)
     records = read_records(ledger)
     if not records:
         raise ValueError(f"{ledger} is empty: nothing was measured yet")
-    saved = load_saved_sweep(ledger.parent)  # the target and winner rule the sweep ran with
-    summary = report.summarize(records, saved.target if saved else parse_target(None), saved.winner if saved else RULE)
-    print(report.table(records, summary["target_s"]))
+    saved = load_saved_sweep(ledger.parent)  # the target and settling rule the sweep ran with
+    answer = decide(records, saved.target if saved else parse_target(None), saved.winner if saved else RULE)
+    summary = report.summarize(records, saved.target if saved else parse_target(None),
+                               saved.winner if saved else RULE, answer)
+    print(report.table(records, answer))
     print()
     print(report.summary_text(summary))
     return EXIT_OK

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from orchestrator.records import query as Q
-from orchestrator.records import winner
+from orchestrator.records import answer as A
 from orchestrator.review.report import secs
 from orchestrator.sweep.config import load_saved_sweep
 from orchestrator.plan.verdict import verdict as plan_verdict, verdict_lines
@@ -99,11 +99,12 @@ def step_time(record: TrialRecord) -> float | None:
     return record.metrics.step_time_s
 
 
-def pick(records: list[TrialRecord], trial: int | None, force: bool) -> tuple[TrialRecord, str | None]:
-    """(record, forced-despite reason). Without ``trial``: the best config (orchestrator.records.winner.best, the
-    one answer the sweep's summary, table and MLflow name), whose runs all passed parity."""
+def pick(records: list[TrialRecord], trial: int | None, force: bool,
+         answer: A.Answer | None = None) -> tuple[TrialRecord, str | None]:
+    """(record, forced-despite reason). Without ``trial``: the answer's winner (orchestrator.records.answer, the
+    one decision the sweep's summary, table and MLflow name), whose runs all passed parity."""
     if trial is None:
-        best = winner.best(records)
+        best = (answer or A.decide(records, _saved_target(None))).winner
         if best is None:
             raise ValueError("no trial in the ledger finished with parity passed; pick one with --trial N "
                              "(and --force to export it anyway)")
@@ -122,9 +123,22 @@ def pick(records: list[TrialRecord], trial: int | None, force: bool) -> tuple[Tr
     return ranked[0], why
 
 
+def _saved_target(saved: Any) -> Any:
+    from orchestrator.search.target import parse_target
+
+    return saved.target if saved is not None else parse_target(None)
+
+
+def ledger_answer(ledger_path: Path, records: list[TrialRecord]) -> A.Answer:
+    """The answer the sweep rendered, from its ledger and the target and settling rule it ran with."""
+    saved = load_saved_sweep(Path(ledger_path).parent)
+    return A.decide(records, _saved_target(saved), saved.winner if saved is not None else A.RULE)
+
+
 def export_trial(ledger_path: Path, trial: int | None, out_dir: Path, force: bool = False) -> list[Path]:
     records = read_ledger(ledger_path)
-    record, forced = pick(records, trial, force)
+    answer = ledger_answer(ledger_path, records)
+    record, forced = pick(records, trial, force, answer)
     head = f"# steptune export: sweep {record.sweep}, trial {record.trial} ({record.kind.value})\n"
     if record.predicted:
         # A cost-model record: its config is the planner's production-scale plan, not a trainer config.
@@ -163,12 +177,10 @@ def export_trial(ledger_path: Path, trial: int | None, out_dir: Path, force: boo
     args_file.write_text(format_args(args))
     summary = out_dir / "summary.md"
     run_id = mlflow_run_of(ledger_path, record)
-    ranked = winner.standings(records)
+    ranked = answer.ranked
     place = next(((i, len(ranked), s) for i, s in enumerate(ranked) if s.trial == record.trial), None)
-    saved = load_saved_sweep(Path(ledger_path).parent)  # the target the sweep judged its configs by
-    target_s = saved.target.seconds(baseline.metrics.step_time_s if baseline else None) if saved else None
     summary.write_text(summary_markdown(record, baseline, config, run, notes, forced, ledger_path, run_id, place,
-                                        target_s))
+                                        answer))
     return [config_file, args_file, summary]
 
 
@@ -228,12 +240,13 @@ def _phase(r: TrialRecord, phase: str) -> float | None:
 
 def summary_markdown(record: TrialRecord, baseline: TrialRecord | None, config: dict[str, Any],
                      run: list[str], notes: list[str], forced: str | None, ledger_path: Path,
-                     run_id: str | None = None, place: tuple[int, int, winner.Standing] | None = None,
-                     target_s: float | None = None) -> str:
-    """``place``: (index, configs ranked, its standing) in the sweep's ranking (orchestrator.records.winner);
-    with ``target_s``, the target is judged on the standing's figure, as the sweep summary judges it."""
+                     run_id: str | None = None, place: tuple[int, int, A.ConfigFigure] | None = None,
+                     answer: A.Answer | None = None) -> str:
+    """``place``: (index, configs ranked, its figure) in the answer's ranking (orchestrator.records.answer);
+    with ``answer``, the target is judged as the sweep summary judges it."""
     standing = place[2] if place is not None else None
-    meets = standing.meets(target_s) if standing is not None and target_s is not None else record.meets_target
+    target_s = answer.target.target_s if answer is not None else None
+    meets = answer.meets(record.params) if answer is not None and target_s is not None else record.meets_target
     predicted = record.predicted
     what = "predicted" if predicted else "measured"
     lines = [f"# steptune export: sweep `{record.sweep}`, trial {record.trial} ({record.kind.value})", ""]
@@ -258,10 +271,11 @@ def summary_markdown(record: TrialRecord, baseline: TrialRecord | None, config: 
         f"- status: {record.status.value}; backend: {record.backend} ({what})",
         f"- loss parity vs baseline: {verdict}",
         f"- meets target: {_yes_no(meets)}" + (
-            f" ({standing.describe()} {'<=' if meets else '>'} {secs(target_s)})"
+            f" ({standing.describe()} {'<=' if meets else '>'} {secs(target_s)}"
+            + (f"; the sweep's verdict on its answer: {answer.target.state})" if answer is not None else ")")
             if standing is not None and target_s is not None and not predicted else "")
         + (_point_only(record) if predicted else ""),
-        *([_place_line(*place)] if place is not None else []),
+        *([_place_line(*place, answer)] if place is not None else []),
         f"- MLflow run: `{run_id}`" if run_id else
         f"- MLflow run: not found in the sweep's store; in the UI filter on "
         f"`tags.\"steptune.trial\" = '{record.trial}'`",
@@ -287,11 +301,16 @@ def summary_markdown(record: TrialRecord, baseline: TrialRecord | None, config: 
     return "\n".join(lines) + "\n"
 
 
-def _place_line(i: int, n: int, standing: winner.Standing) -> str:
-    lo, hi = standing.interval_s
+def _place_line(i: int, n: int, standing: A.ConfigFigure, answer: A.Answer | None = None) -> str:
+    lo, hi = min(standing.runs), max(standing.runs)
+    tie = answer is not None and answer.tie and any(c.key == standing.key for c in answer.ties)
+    paired = f", {standing.ratio:.3f} of the baseline paired over {len(standing.paired)} rounds" \
+        if standing.paired else ""
     return (f"- rank {i + 1} of {n} configs" + (" (the sweep's best)" if i == 0 else "") + f", by {standing.describe()}"
-            + (f" [{lo * 1e3:.1f}, {hi * 1e3:.1f}] ms (configs are ranked by the median of their runs; the table "
-               f"below is this line's own run)" if len(standing.runs) > 1 else ""))
+            + (f" [{lo * 1e3:.1f}, {hi * 1e3:.1f}] ms (the table below is this line's own run)"
+               if len(standing.runs) > 1 else "") + paired
+            + (f"; tied with {len(answer.ties) - 1} other config(s) that cannot be told apart (tie-break: "
+               f"{A.TIE_BREAK})" if tie else ""))
 
 
 def _config_diff(base: dict[str, Any] | None, mine: dict[str, Any]) -> list[tuple[str, Any, Any]]:

@@ -33,7 +33,7 @@ import numpy as np
 import optuna
 from optuna.samplers import BaseSampler
 
-from orchestrator.records.winner import key_of
+from orchestrator.records.answer import key_of
 
 FLOAT_POINTS = 3
 """Values a float param takes among the planner's candidates: its ends and geometric (or plain) middle."""

@@ -2,7 +2,7 @@
 
 The typed counterparts of the readers in ``orchestrator.records.ledger``, on ``TrialRecord`` (orchestrator.records.record).
 They answer from what a record is (measured, predicted, its probe), not from which backend wrote it. Which
-config is best, and whether it met the target, is orchestrator.records.winner's one rule.
+config is best, and whether it met the target, is orchestrator.records.answer's one decision.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import statistics
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from orchestrator.records import winner
 from orchestrator.records.record import Kind, Status, TrialRecord
 
 
@@ -27,25 +26,10 @@ def baseline_of(records: Iterable[TrialRecord]) -> TrialRecord | None:
 
 
 def baseline_s(records: Iterable[TrialRecord]) -> float | None:
-    """The baseline's step time, when it ran ok."""
+    """The baseline trial's own run's step time, when it ran ok (its figure, the median over its settling
+    rounds too, is orchestrator.records.answer's ``baseline_s``)."""
     base = baseline_of(records)
     return base.metrics.step_time_s if base is not None and base.status is Status.OK else None
-
-
-def confirms_of(records: Iterable[TrialRecord], trial: int) -> list[TrialRecord]:
-    """The confirm runs of one trial, in the order they were written."""
-    return [c for c in records if c.kind is Kind.CONFIRM and c.trial == trial]
-
-
-def unconfirmed(records: Sequence[TrialRecord], target_s: float | None, repeats: int) -> TrialRecord | None:
-    """A measured trial that met the target by its own run and still lacks some of its ``repeats`` confirm runs
-    (the driver died between) while its config's figure (orchestrator.records.winner) still meets the target;
-    a confirmation ends early once it does not."""
-    meeting = {s.trial for s in winner.standings(records) if s.meets(target_s)}
-    for r in measured(records):
-        if r.meets_target and r.measured and r.trial in meeting and len(confirms_of(records, r.trial)) < repeats:
-            return r
-    return None
 
 
 @dataclass(frozen=True)

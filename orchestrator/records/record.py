@@ -56,8 +56,9 @@ class Kind(enum.StrEnum):
     CANONICAL = "canonical"
     """The reference run of the baseline's maths in the simplest layout (orchestrator.parity.trust); no candidate."""
     REPEAT = "repeat"
-    """A re-measurement the noise-aware winner rule asked for (orchestrator.records.winner): the trial's config again,
-    after the search; it adds a run to the config's median and is no candidate of its own."""
+    """A re-measurement in a settling round (orchestrator.records.answer): the trial's config (or the baseline's)
+    again, paired with the baseline's run of the same round; it adds a run to the config and is no candidate of
+    its own."""
 
 
 class Status(enum.StrEnum):
@@ -277,6 +278,12 @@ class TrialRecord:
     """The trial's probe run, when it made one."""
     repeat: int | None = None
     """Confirm and repeat runs: which one of the trial's (1-based)."""
+    round: int | None = None
+    """Settling round (1-based) of a repeat run: the baseline and every contender run once per round, so each run
+    is paired with the baseline's run of the same round (orchestrator.records.answer). None outside rounds."""
+    load_1m: float | None = None
+    """The machine's 1-minute load average as the run finished (os.getloadavg; None where not sampled): the
+    noise the summary reports beside the figures."""
     duplicate_of: int | None = None
     """A repeated proposal that was not run again: the trial whose measurement it reuses."""
     artifacts: list[str] = field(default_factory=list)
@@ -341,7 +348,8 @@ class TrialRecord:
             "prediction": self.prediction,
         }
         optional = {"probe": self.probe.to_dict() if self.probe else None, "repeat": self.repeat,
-                    "duplicate_of": self.duplicate_of, "artifacts": self.artifacts or None,
+                    "duplicate_of": self.duplicate_of, "round": self.round,
+                    "load_1m": self.load_1m, "artifacts": self.artifacts or None,
                     "placement": self.placement, "planner": self.planner, "detail": self.detail}
         line.update({k: v for k, v in optional.items() if v is not None})
         clash = set(self.extra) & (set(line) | {"result"})

@@ -19,17 +19,36 @@ from matplotlib.figure import Figure
 from optuna.trial import TrialState
 
 
-def write_all(out_dir: Path, study: Any, points: list[dict[str, Any]], target_s: float | None) -> list[str]:
-    """Write the three pictures into ``out_dir``; returns notes on any that were skipped."""
+def write_all(out_dir: Path, study: Any, points: list[dict[str, Any]], target_s: float | None,
+              answer: dict[str, Any] | None = None) -> list[str]:
+    """Write the three pictures into ``out_dir``; returns notes on any that were skipped. ``answer``: the
+    summary's answer (report.answer_dict): the winner and its tie set are marked as the answer, which is not
+    necessarily the fastest single run."""
     out_dir.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     if study is None:
         notes.append("optimization history and parameter importances skipped: no Optuna study was given")
     else:
-        notes += optimization_history(study, out_dir / "optimization_history.png", target_s)
+        notes += optimization_history(study, out_dir / "optimization_history.png", target_s, answer)
         notes += param_importances(study, out_dir / "param_importances.png")
-    notes += step_time_vs_memory(points, out_dir / "step_time_vs_peak_memory.png", target_s)
+    notes += step_time_vs_memory(points, out_dir / "step_time_vs_peak_memory.png", target_s, answer)
     return notes
+
+
+def _mark_answer(ax: Any, answer: dict[str, Any] | None, x_of: Any) -> None:
+    """The answer's winner as a large star at its figure, its tie set as open stars: what the summary names."""
+    win = (answer or {}).get("winner")
+    if not win:
+        return
+    for i, c in enumerate(answer.get("ties") or [win]):
+        x = x_of(c)
+        if x is None:
+            continue
+        first = i == 0
+        ax.scatter([x], [c["step_time_s"]], marker="*", s=320 if first else 200, zorder=5,
+                   facecolors="#DD8452" if first else "none", edgecolors="#DD8452",
+                   label=(f"the answer: trial {c['trial']} ({c['describe']})" if first else
+                          ("tied with the answer" if i == 1 else None)))
 
 
 def _figure(width: float = 9, height: float = 5.5) -> tuple[Figure, Any]:
@@ -47,7 +66,8 @@ def _feasible(t: optuna.trial.FrozenTrial) -> bool:
     return all(c <= 0 for c in values)
 
 
-def optimization_history(study: optuna.Study, path: Path, target_s: float | None) -> list[str]:
+def optimization_history(study: optuna.Study, path: Path, target_s: float | None,
+                         answer: dict[str, Any] | None = None) -> list[str]:
     done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE and t.values]
     if not done:
         return ["optimization history skipped: no completed trials"]
@@ -68,7 +88,9 @@ def optimization_history(study: optuna.Study, path: Path, target_s: float | None
         xs.append(t.number)
         ys.append(best)
     if xs:
-        ax.step(xs, ys, where="post", color="black", linewidth=1.2, label="best feasible so far")
+        ax.step(xs, ys, where="post", color="black", linewidth=1.2,
+                label="fastest single run so far" + (" (not the answer's figure)" if answer else ""))
+    _mark_answer(ax, answer, lambda c: c["trial"])
     if target_s is not None:
         ax.axhline(target_s, color="#55A868", linestyle="--", label=f"target {target_s:g}")
     other = {s.name.lower(): sum(t.state == s for t in study.trials) for s in (TrialState.PRUNED, TrialState.FAIL)}
@@ -117,7 +139,8 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
     return front
 
 
-def step_time_vs_memory(points: list[dict[str, Any]], path: Path, target_s: float | None) -> list[str]:
+def step_time_vs_memory(points: list[dict[str, Any]], path: Path, target_s: float | None,
+                        answer: dict[str, Any] | None = None) -> list[str]:
     # Parity failures are recorded as infeasible but were measured: show them (in red), never on the front.
     usable = [p for p in points if (p.get("status") == "ok" or p.get("parity") == "failed")
               and _finite(p.get("step_time_s")) and _finite(p.get("peak_memory_bytes"))]
@@ -140,7 +163,7 @@ def step_time_vs_memory(points: list[dict[str, Any]], path: Path, target_s: floa
                        facecolors="none" if predicted else colour, edgecolors=colour,
                        label=label + (" (predicted)" if predicted else ""), zorder=3)
     for p in usable:
-        label = f"{p['trial']}c" if p["kind"] == "confirm" else str(p["trial"])
+        label = f"{p['trial']}r" if p["kind"] in ("confirm", "repeat") else str(p["trial"])
         ax.annotate(label, (p["peak_memory_bytes"] / mib, p["step_time_s"]), fontsize=7,
                     xytext=(3, 3), textcoords="offset points")
     front = pareto_front([(p["peak_memory_bytes"] / mib, p["step_time_s"]) for p in usable
@@ -148,11 +171,12 @@ def step_time_vs_memory(points: list[dict[str, Any]], path: Path, target_s: floa
     if len(front) > 1:
         ax.step([m for m, _ in front], [t for _, t in front], where="post", color="#55A868",
                 label="Pareto front (parity-clean)")
+    _mark_answer(ax, answer, lambda c: c["peak_memory_bytes"] / mib if _finite(c.get("peak_memory_bytes")) else None)
     if target_s is not None:
         ax.axhline(target_s, color="#55A868", linestyle="--", label=f"target {target_s:g} s")
     ax.set_xlabel("peak memory per rank (MiB, largest rank)")
     ax.set_ylabel("step time (s, median of measured updates)")
-    ax.set_title("step time vs peak memory (labels: trial numbers, c = confirmation)")
+    ax.set_title("step time vs peak memory (labels: trial numbers, r = a settling re-run)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

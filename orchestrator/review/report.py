@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from orchestrator.parity import verdict as parity
 from orchestrator.records import query as Q
 from orchestrator.plan.verdict import verdict, verdict_lines
-from orchestrator.records import winner as W
+from orchestrator.records import answer as A
 from orchestrator.plan.prefilter import prefilter_summary, prefilter_summary_text
 from orchestrator.records.record import Kind, Status, TrialRecord
 from orchestrator.search.target import Target
@@ -60,41 +60,38 @@ def _parity(r: TrialRecord) -> str:
     return "pass" if p.passed else f"FAIL {p.first_fail_metric}@{p.first_fail_step}"
 
 
-def _ranked(records: list[TrialRecord]) -> tuple[list[W.Standing], dict[str, int]]:
-    """The ranking (orchestrator.records.winner.standings) and each config's place in it, by ``key_of`` params."""
-    ranked = W.standings(records)
-    return ranked, {s.key: i for i, s in enumerate(ranked)}
-
-
-def table(records: list[TrialRecord], target_s: float | None = None, limit: int | None = None) -> str:
-    """Ranked as the answer is chosen (orchestrator.records.winner): configs by the median of their runs (a
-    config run once: that run), then every other line by trial number. ``*``: the config meets ``target_s``
-    by that same figure."""
+def table(records: list[TrialRecord], answer: A.Answer, limit: int | None = None) -> str:
+    """Ranked as the answer ranks (orchestrator.records.answer): the winner first, then configs by their figure
+    (paired with the baseline where settling rounds ran), then every other line by trial number. ``*``: the
+    config's figure meets the target; ``=`` after a rank: tied with the winner (cannot be told apart)."""
     rows = Q.measured(records)
-    ranked, place = _ranked(records)
-    base_s = Q.baseline_s(records)
+    place = {c.key: i for i, c in enumerate(answer.ranked)}
+    ties = {c.key for c in answer.ties} if answer.tie else set()
     model = any(r.predicted for r in rows)
 
-    def standing(r: TrialRecord) -> W.Standing | None:
-        i = place.get(W.key_of(r.params)) if r.status is Status.OK else None
-        return None if i is None else ranked[i]
+    def standing(r: TrialRecord) -> A.ConfigFigure | None:
+        i = place.get(A.key_of(r.params)) if r.status is Status.OK else None
+        return None if i is None else answer.ranked[i]
 
     ok = sorted((r for r in rows if standing(r)), key=lambda r: (place[standing(r).key], r.trial))
     rest = sorted((r for r in rows if not standing(r)), key=lambda r: r.trial)
-    # A prediction is its config's one "run": its column is the figure. A measured config's row shows the
-    # figure it is ranked by (with its number of runs) and, beside it, the trial's own run.
-    head = ["rank", "trial", "kind", *(["step time (pred.)"] if model else ["median (runs)", "this run"]),
+    head = ["rank", "trial", "kind", *(["step time (pred.)"] if model else
+                                       ["vs baseline", "median (runs)", "this run"]),
             "speedup", "peak mem", "MFU", "parity", "status", "params / reason"]
     body = []
     for r in ok + rest:
         m, pred, s = r.metrics, r.predicted, standing(r)
-        figure = f"{secs(s.step_time_s, pred)}" + ("" if model else f" ({len(s.runs)})") if s else "-"
-        speedup = base_s / s.step_time_s if s and base_s else m.speedup_vs_baseline
-        body.append([str(place[s.key] + 1) if s else "-", str(r.trial), r.kind.value,
-                     *([figure if s else secs(m.step_time_s, pred)] if model else [figure, secs(m.step_time_s)]),
+        speedup = 1 / s.ratio if s and s.ratio and answer.baseline_s else m.speedup_vs_baseline
+        if model:
+            cols = [secs(s.step_time_s if s else m.step_time_s, pred)]
+        else:
+            paired = f"{s.ratio:.3f}" + (f" ({len(s.paired)}p)" if s.paired else "") if s else "-"
+            cols = [paired, f"{secs(s.step_time_s)} ({len(s.runs)})" if s else "-", secs(m.step_time_s)]
+        rank = (str(place[s.key] + 1) + ("=" if s.key in ties else "")) if s else "-"
+        body.append([rank, str(r.trial), r.kind.value, *cols,
                      f"{speedup:.2f}x" if speedup else "-",
                      fmt_bytes(m.peak_memory_bytes), f"{m.mfu:.1%}" if m.mfu is not None else "-", _parity(r),
-                     r.status.value + (" *" if s and s.meets(target_s) else ""),
+                     r.status.value + (" *" if s and answer.meets(r.params) else ""),
                      short_params(r.params) if r.status in (Status.OK, Status.PRUNED) else one_line(r.reason, 90)])
     if limit is not None:
         body = body[:limit]
@@ -102,41 +99,68 @@ def table(records: list[TrialRecord], target_s: float | None = None, limit: int 
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in body]
     lines.append(("ranked by the prediction; ~ predicted by the planner, not measured" if model else
-                  "ranked by median (runs): the median of the config's runs (confirm and re-measurement runs "
-                  "included; one run: that run); this run: the trial's own") + "\n* meets the target by that figure")
+                  "rank 1 is the answer; then by vs baseline: the median of the config's step time over the "
+                  "baseline's in the same settling round (Np: N paired rounds; without any, its median run over "
+                  "the baseline's median); median (runs): its absolute median; this run: the trial's own")
+                 + "\n* meets the target by that figure" + ("; = tied with rank 1 (cannot be told apart)"
+                                                            if ties else ""))
     return "\n".join(lines)
 
 
-def summarize(records: list[TrialRecord], target: Target, rule: W.WinnerRule = W.RULE) -> dict[str, Any]:
+def answer_dict(answer: A.Answer) -> dict[str, Any]:
+    """The answer as JSON (summary.json, ``best``): what every reader of a summary dict renders."""
+    def one(c: A.ConfigFigure) -> dict[str, Any]:
+        return {"trial": c.trial, "kind": c.record.kind.value, "params": c.params, "step_time_s": c.step_time_s,
+                "runs": len(c.runs), "interval_s": [min(c.runs), max(c.runs)], "ratio": c.ratio,
+                "ratio_interval": list(c.interval), "paired_runs": len(c.paired), "predicted": c.predicted,
+                "describe": c.describe(), "peak_memory_bytes": c.peak_memory_bytes, "changed": c.changed}
+    t, n = answer.target, answer.noise
+    return {
+        "winner": one(answer.winner) if answer.winner else None,
+        "leader_trial": answer.leader.trial if answer.leader else None,
+        "ties": [one(c) for c in answer.ties], "tie": answer.tie, "tie_break": A.TIE_BREAK,
+        "threshold": answer.rule.threshold, "confidence": answer.rule.confidence,
+        "target": {"state": t.state, "target_s": t.target_s, "interval_s": list(t.interval_s) if t.interval_s else None,
+                   "more_rounds": t.more_rounds, "paired": t.paired},
+        "noise": dataclasses.asdict(n), "rounds": answer.rounds, "settled": answer.settled,
+        "why_unsettled": answer.why_unsettled, "baseline_s": answer.baseline_s,
+    }
+
+
+def summarize(records: list[TrialRecord], target: Target, rule: A.SettleRule = A.RULE,
+              answer: A.Answer | None = None) -> dict[str, Any]:
     """The sweep's outcome as a plain, JSON-able dict (MLflow's summary.json and ``summary_text`` read it).
 
-    ``best`` is the one answer (orchestrator.records.winner.best); the target verdict is judged on its figure.
-    """
+    Every verdict in it is the answer's (orchestrator.records.answer.decide): ``best`` is its winner, the
+    target verdict its verdict."""
+    answer = answer or A.decide(records, target, rule)
     base = Q.baseline_of(records)
-    base_s = Q.baseline_s(records)
-    target_s = target.seconds(base_s)
-    ranked, _ = _ranked(records)
-    top = ranked[0] if ranked else None
-    best = W.summary(records, rule)
-    if best is not None:
-        best["speedup"] = base_s / best["step_time_s"] if base_s else None
-    fastest = min(((t, s) for s in ranked for t in s.runs), key=lambda p: p[0], default=None)
+    base_s = answer.baseline_s
+    target_s = answer.target.target_s
+    win = answer.winner
+    ans = answer_dict(answer)
+    best = None
+    if win is not None:
+        best = {**ans["winner"], "speedup": (1 / win.ratio) if base_s and win.ratio else None,
+                "repeats_run": sum(r.kind is Kind.REPEAT for r in records)}
+    fastest = min(((t, c) for c in answer.ranked for t in c.runs), key=lambda p: p[0], default=None)
     rows = Q.measured(records)
     statuses: dict[str, int] = {}
     for r in rows:
         statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
     pruning = Q.pruning_stats(rows)
-    top_record = top.record if top else None
+    top_record = win.record if win else None
     return {
         "n_trials": len(rows), "statuses": statuses, "backend": rows[0].backend if rows else None,
         "predicted": bool(rows) and rows[0].predicted,
         "baseline_trial": base.trial if base else None, "baseline_step_time_s": base_s,
-        "best": best,
-        "fastest_run": None if fastest is None or fastest[1] is top else
+        "baseline_runs": answer.noise.baseline_runs,
+        "best": best, "answer": ans,
+        "fastest_run": None if fastest is None or fastest[1] is win else
         {"trial": fastest[1].trial, "step_time_s": fastest[0], "describe": fastest[1].describe()},
         "target": target.describe(base_s), "target_s": target_s,
-        "target_met": bool(top and top.meets(target_s)),
-        "distance_to_target_s": top.step_time_s - target_s if top and target_s is not None else None,
+        "target_met": answer.target.state == A.MET, "target_verdict": answer.target.state,
+        "distance_to_target_s": answer.seconds_of(win) - target_s if win and target_s is not None else None,
         "overhead": dataclasses.asdict(Q.overhead_stats(rows)),
         "pruning": {**dataclasses.asdict(pruning), "net_s": pruning.net_s},
         "trials_wall_s": sum(r.wall_s or 0.0 for r in records),
@@ -146,23 +170,26 @@ def summarize(records: list[TrialRecord], target: Target, rule: W.WinnerRule = W
         if top_record and base else None,
         "breakdowns": _breakdowns(records, target_s, top_record) if rows and rows[0].predicted else [],
         "verdict": verdict(records, target_s),
-        "time_to_answer": time_to_answer(records),
+        "time_to_answer": time_to_answer(records, answer=answer),
     }
 
 
-def time_to_answer(records: list[TrialRecord], within: float = 0.02) -> dict[str, Any]:
-    """Trials and seconds (from the first trial's start) until the first config whose figure is within ``within``
-    of the best config's was measured, and the planner's |error| per trial where a guided sweep recorded one
-    (ledger order)."""
+def time_to_answer(records: list[TrialRecord], sessions: list | None = None, within: float = 0.02,
+                   answer: A.Answer | None = None) -> dict[str, Any]:
+    """Trials and seconds until the first config whose figure is within ``within`` of the winner's was
+    measured. Seconds are the sweep's own running time: inside its sessions (orchestrator.sweep.finished), not
+    the time between two commands; without sessions, from the first trial's start. Also the planner's |error|
+    per trial where a guided sweep recorded one (ledger order)."""
     rows = Q.measured(records)
-    ranked, place = _ranked(records)
+    answer = answer or A.decide(records, Target())
     out: dict[str, Any] = {"within": within, "trials": None, "seconds": None, "trial": None}
-    if ranked:
-        limit = ranked[0].step_time_s * (1 + within)
+    if answer.winner is not None:
+        limit = answer.winner.ratio * (1 + within)
         for i, r in enumerate(rows, 1):
-            j = place.get(W.key_of(r.params)) if r.status is Status.OK else None
-            if j is not None and ranked[j].step_time_s <= limit:
-                out.update(trials=i, trial=r.trial, seconds=(r.finished_at - rows[0].started_at).total_seconds())
+            c = answer.figure_of(A.key_of(r.params)) if r.status is Status.OK else None
+            if c is not None and c.ratio <= limit:
+                out.update(trials=i, trial=r.trial,
+                           seconds=_running_s(rows[0].started_at.timestamp(), r.finished_at.timestamp(), sessions))
                 break
     errs = [abs(r.planner["error_pct"]) for r in rows if (r.planner or {}).get("error_pct") is not None]
     third = max(1, len(errs) // 3)
@@ -172,12 +199,23 @@ def time_to_answer(records: list[TrialRecord], within: float = 0.02) -> dict[str
     return out
 
 
+def _running_s(start: float, end: float, sessions: list | None) -> float:
+    """Seconds of [start, end] inside the sessions (all of it without sessions)."""
+    if not sessions:
+        return end - start
+    total = 0.0
+    for s0, s1 in sessions:
+        s1 = end if s1 is None else s1
+        total += max(0.0, min(end, s1) - max(start, s0))
+    return total
+
+
 def time_to_answer_text(t: dict[str, Any]) -> str:
     if t["trials"] is None:
         return "time to answer: no usable trial"
-    when = f", {t['seconds']:.0f} s in" if t["seconds"] is not None else ""
+    when = f", {t['seconds']:.0f} s of the sweep's running time" if t["seconds"] is not None else ""
     line = (f"time to answer: trial {t['trial']} ({t['trials']} trials{when}) was the first within "
-            f"{t['within']:.0%} of the best found")
+            f"{t['within']:.0%} of the answer")
     if t.get("planner_error_first_pct") is not None:
         line += (f"; planner |error| {t['planner_error_first_pct']:.0f}% (first third of the trials) -> "
                  f"{t['planner_error_last_pct']:.0f}% (last third)")
@@ -209,9 +247,78 @@ def _breakdowns(records: list[TrialRecord], target_s: float | None, best: TrialR
 
 
 def _figure(best: dict[str, Any], interval: bool = True) -> str:
-    """The best config's figure as the summary states it: ``median of 4 runs 40.7 ms [40.0, 50.4]``."""
+    """The winner's figure as the summary states it: ``median of 4 runs 40.7 ms [40.0, 50.4]``."""
     lo, hi = best["interval_s"]
     return best["describe"] + (f" [{secs(lo)}, {secs(hi)}]" if interval and best["runs"] > 1 else "")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def answer_lines(s: dict[str, Any]) -> list[str]:
+    """The answer's own lines (winner, ties, settling, target verdict, noise): the summary, the MLflow parent's
+    description and ``report`` all print these."""
+    a, best, pred = s["answer"], s.get("best"), s["predicted"]
+    out = []
+    if best is None:
+        return ["no answer: no config ran ok and passed parity"]
+    paired = f", {best['ratio']:.3f} of the baseline paired over {best['paired_runs']} rounds" \
+        if best["paired_runs"] else ""
+    out.append(f"best (trial {best['trial']}): {_figure(best)} per update{paired}"
+               + (f", {best['speedup']:.2f}x the baseline" if best.get("speedup") else "")
+               + f"  [{short_params(best['params'])}]")
+    if a["tie"]:
+        others = ", ".join(f"trial {t['trial']} ({t['ratio']:.3f})" for t in a["ties"][1:])
+        out.append(f"  a tie: {others} cannot be told apart from it (the {a['confidence']:.0%} bootstrap interval "
+                   f"of their paired ratio reaches within {a['threshold']:.0%}); picked by the tie-break: "
+                   f"{a['tie_break']}")
+    elif a["leader_trial"] is not None and a["leader_trial"] != best["trial"]:
+        out.append(f"  (lowest figure: trial {a['leader_trial']})")
+    if a["rounds"]:
+        out.append(f"  settled in {a['rounds']} interleaved round(s) of the baseline and the contenders"
+                   + ("" if a["settled"] else f"; not settled: {a['why_unsettled']}"))
+    elif not pred and not a["settled"]:
+        out.append(f"  not settled (no settling rounds ran): {a['why_unsettled']}")
+    t = a["target"]
+    if s["target_s"] is not None:
+        tgt = secs(s["target_s"], pred)
+        iv = t["interval_s"]
+        within = f" ({a['confidence']:.0%} interval {secs(iv[0], pred)}-{secs(iv[1], pred)}" + \
+            (", paired with the baseline)" if t["paired"] else ")") if iv and iv[0] != iv[1] else ""
+        if t["state"] == A.MET:
+            out.append(f"target met: trial {best['trial']}, {_figure(best, interval=False)} <= {tgt}{within}"
+                       + (" (predicted; confirm it with a real run)" if pred else ""))
+        elif t["state"] == A.NOT_MET:
+            d = s["distance_to_target_s"]
+            out.append(f"target not met: trial {best['trial']}, {_figure(best, interval=False)} is "
+                       f"{secs(d, pred)} ({d / s['target_s']:.1%}) above {tgt}{within}")
+        else:
+            more = f"; about {t['more_rounds']} more round(s) would decide it" if t["more_rounds"] else \
+                "; its figure sits on the target, more rounds cannot decide it"
+            out.append(f"target undecided: trial {best['trial']}, {_figure(best, interval=False)} against "
+                       f"{tgt}{within}{more}")
+    n = a["noise"]
+    if not pred and n["baseline_runs"]:
+        load = f"; load (1 min) while measuring: median {n['load_median']:.1f}, max {n['load_max']:.1f}" \
+            if n["load_median"] is not None else ""
+        out.append(f"noise: baseline spread {_pct(n['baseline_spread'])} over {n['baseline_runs']} run(s); "
+                   f"re-measured configs' median spread {_pct(n['remeasured_spread'])}, "
+                   f"{_pct(n['paired_spread'])} paired{load}")
+    return out
+
+
+def stop_line(reason: str, target_stop: int | None, answer: A.Answer) -> str:
+    """Why the sweep stopped, rendered from the final answer (so it cannot name another config or verdict)."""
+    if not reason.startswith("target"):
+        return reason
+    win, state = answer.winner, answer.target.state
+    tail = reason[len("target"):]
+    if state == A.MET and win is not None:
+        return (f"settling rounds found the target met{tail}: trial {win.trial}, {win.describe()}, verdict "
+                f"{state} (the answer below)")
+    return (f"settling rounds found the target met after {target_stop} trials{tail}; after the final rounds "
+            f"the verdict is {state} (the answer below)")
 
 
 def summary_text(s: dict[str, Any]) -> str:
@@ -219,29 +326,15 @@ def summary_text(s: dict[str, Any]) -> str:
     out = [f"trials: {s['n_trials']} ({', '.join(f'{k} {v}' for k, v in sorted(s['statuses'].items()))}); "
            f"time in trials {s['trials_wall_s']:.1f} s"]
     if s["baseline_step_time_s"] is not None:
-        out.append(f"baseline (trial {s['baseline_trial']}): {secs(s['baseline_step_time_s'], pred)} per update")
-    best = s.get("best")
-    if best is not None:
-        out.append(f"best (trial {best['trial']}): {_figure(best)} per update"
-                   + (f", {best['speedup']:.2f}x the baseline" if best.get("speedup") else "")
-                   + f"  [{short_params(best['params'])}]")
-        if (settling := W.settling_text(best)) is not None:
-            out.append(f"  {settling}")
+        runs = f" (median of {s['baseline_runs']} runs)" if s.get("baseline_runs", 1) > 1 else ""
+        out.append(f"baseline (trial {s['baseline_trial']}): {secs(s['baseline_step_time_s'], pred)} per "
+                   f"update{runs}")
+    out.extend(answer_lines(s))
     if s.get("fastest_run"):
         f = s["fastest_run"]
-        out.append(f"fastest single run: trial {f['trial']}, {secs(f['step_time_s'])} (not the best: that config's "
-                   f"{f['describe']})")
+        out.append(f"fastest single run: trial {f['trial']}, {secs(f['step_time_s'])} (not the answer: that "
+                   f"config's {f['describe']})")
     out.append(f"target: {s['target']}")
-    if best is not None and s["target_s"] is not None:
-        # Judged on the best config's figure, the same the table ranks by and `export` exports.
-        t = secs(s["target_s"], pred)
-        if s["target_met"]:
-            out.append(f"target met: trial {best['trial']}, {_figure(best, interval=False)} <= {t}"
-                       + (" (predicted; confirm it with a real run)" if pred else ""))
-        else:
-            d = s["distance_to_target_s"]
-            out.append(f"target not met: trial {best['trial']}, {_figure(best, interval=False)} is "
-                       f"{secs(d, pred)} ({d / s['target_s']:.1%}) above {t}")
     out.extend(verdict_lines(s.get("verdict")))  # model backend: band, robust or point only, efficiency basis
     if s.get("time_to_answer"):
         out.append(time_to_answer_text(s["time_to_answer"]))
@@ -261,10 +354,13 @@ def summary_text(s: dict[str, Any]) -> str:
                    f"max {o['max_s']:.2f} s over {o['n']} trials")
     if s.get("sweep_wall_s") is not None:
         book = s.get("bookkeeping_median_s")
+        duty = f"; duty cycle {s['duty_cycle']:.0%} (time in training updates / wall)" \
+            if s.get("duty_cycle") is not None else ""
         out.append(f"this run: {s['sweep_wall_s']:.1f} s wall, of which {s['startup_s']:.1f} s starting the backend"
                    + (f"; worker group formed {s['group_builds']}x (warm across trials, rebuilt only after a "
                       f"failure)" if s.get("group_builds") else "")
-                   + (f"; driver work between trials (Optuna, MLflow) median {book:.2f} s" if book is not None else ""))
+                   + (f"; driver work between trials (Optuna, MLflow) median {book:.2f} s" if book is not None else "")
+                   + duty)
     p = s["pruning"]
     if p["pruned"] or p["probe_cost_s"]:
         out.append(f"pruning: {p['pruned']} trial(s) stopped after their probe, "
@@ -277,14 +373,19 @@ def summary_text(s: dict[str, Any]) -> str:
 class Progress:
     """One line per started and per finished trial; on a terminal, a ticking status line in between."""
 
-    def __init__(self, budget: int, stream: TextIO | None = None):
+    def __init__(self, budget: int, stream: TextIO | None = None, done: int = 0):
+        """``done``: trials the ledger already holds (a resumed sweep counts on from there)."""
         self.budget, self.stream = budget, stream or sys.stdout
         self.tty = self.stream.isatty()
         self.t0 = time.perf_counter()
         self.running: dict[int, str] = {}
         self.best = "-"
         self.target = "-"
-        self.done = 0
+        self.done = done
+
+    def _counter(self, kind: str) -> str:
+        """``[ 12/20]`` for the search; a settling run shows its round instead of a frozen trial count."""
+        return f"[{kind.split(':')[0]}]" if kind.startswith("round") else f"[{self.done:>3}/{self.budget}]"
 
     def _write(self, line: str) -> None:
         if self.tty:
@@ -294,10 +395,11 @@ class Progress:
 
     def started(self, number: int, kind: str, params: dict) -> None:
         self.running[number] = kind
-        self._write(f"[{self.done:>3}/{self.budget}] {kind} {number} started: {short_params(params)}")
+        label = f"{kind.split(': ')[1]} {number}" if kind.startswith("round") else f"{kind} {number}"
+        self._write(f"{self._counter(kind)} {label} started: {short_params(params)}")
 
     def finished(self, r: TrialRecord, done: int, best: str, target: str) -> None:
-        self.running.pop(r.trial, None)
+        kind = self.running.pop(r.trial, "")
         self.done, self.best, self.target = done, best, target
         m = r.metrics
         what = secs(m.step_time_s, r.predicted)
@@ -305,8 +407,9 @@ class Progress:
             what += f" ({m.speedup_vs_baseline:.2f}x)"
         tail = f" parity {_parity(r)}" if r.parity is not None else ""
         why = f" - {one_line(r.reason)}" if r.reason else ""
-        label = f"{r.kind.value} {r.trial}" + (f" repeat {r.repeat}" if r.kind is Kind.CONFIRM else "")
-        self._write(f"[{done:>3}/{self.budget}] {label} {r.status.value}: {what}{tail}{why} | "
+        label = f"{r.kind.value} {r.trial}" + (f" repeat {r.repeat}" if r.kind in (Kind.CONFIRM, Kind.REPEAT) else "")
+        counter = self._counter(kind) if r.round is not None else f"[{done:>3}/{self.budget}]"
+        self._write(f"{counter} {label} {r.status.value}: {what}{tail}{why} | "
                     f"best {best} | target {target} | {time.perf_counter() - self.t0:.0f} s")
 
     def tick(self) -> None:

@@ -4,7 +4,7 @@ Everything goes through ``MlflowClient`` with explicit run ids and batched write
 active-run stack (``mlflow.start_run``): the parent stays open while children are written, and the
 process-wide "active run" would leak between sweeps, tests and threads. Resume is by tags, not by memory: the parent is the run
 tagged ``steptune.sweep=<name>, steptune.role=parent``; a ledger line is the child tagged with its trial number,
-kind and (confirmations) repeat, so logging a line twice is a no-op and a resume logs only what is missing
+kind and (settling re-runs) repeat and round, so logging a line twice is a no-op and a resume logs only what is missing
 (``reconcile``). The ledger stays the source of truth; this module only mirrors it for review in the UI.
 """
 
@@ -21,12 +21,14 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from orchestrator.records import winner
+from orchestrator.records import answer as A
+from orchestrator.search.target import Target
 from orchestrator.review import plots as sweep_plots
 from orchestrator.records.record import Kind, Status, TrialRecord
-from orchestrator.review.tracking_lines import (MAX_TAG, PROGRESS, epoch_ms, flag, line_key, params_of,
-                                         plot_point, progress_points, run_key, run_name, summary_md, to_yaml,
-                                         trial_metrics, trial_params, trial_tags, write_trial_artifacts)
+from orchestrator.review.tracking_lines import (MAX_TAG, PROGRESS, description, epoch_ms, flag, line_key,
+                                                params_of, plot_point, progress_points, run_key, run_name,
+                                                summary_md, to_yaml, trial_metrics, trial_params, trial_tags,
+                                                write_trial_artifacts)
 from orchestrator.review.tracking_store import open_with_recovery
 from trainer.config import flatten
 
@@ -102,8 +104,8 @@ class Tracker:
         else:
             run_id = self.client.create_run(self.experiment_id, run_name=sweep_name, tags={
                 "steptune.sweep": sweep_name, "steptune.role": "parent",
-                "mlflow.note.content": f"steptune sweep `{sweep_name}`: one child run per trial (baseline, "
-                                      f"trials, confirmations). The sweep's ledger (trials.jsonl) is the "
+                "mlflow.note.content": f"steptune sweep `{sweep_name}`: one child run per ledger line (canonical, "
+                                      f"baseline, trials, settling rounds). The sweep's ledger (trials.jsonl) is the "
                                       f"source of truth; this is its mirror for review.",
             }).info.run_id
             old = {}
@@ -121,14 +123,14 @@ class Tracker:
     def log_trial(self, parent_run_id: str, record: TrialRecord, best_s: float | None = None) -> str:
         """One child run for one trial record; an already-logged (trial, kind, repeat) returns the existing run.
 
-        Given ``best_s`` (the best config's figure with this record counted, orchestrator.records.winner.best),
+        Given ``best_s`` (the answer's figure with this record counted, orchestrator.records.answer),
         a new baseline or trial record also extends the parent's per-trial history (``PROGRESS``); ``reconcile``
         writes that history itself, in ledger order."""
         trial, kind = record.trial, record.kind.value
         for run in self._children(parent_run_id, f"tags.\"steptune.trial\" = {_q(str(trial))} "
                                                  f"and tags.\"steptune.kind\" = {_q(kind)}"):
             if run_key(run) != line_key(record):
-                continue  # another confirm repeat of the same trial
+                continue  # another re-run (repeat, round) of the same trial
             if run.info.status in _DONE:
                 return run.info.run_id
             self.client.delete_run(run.info.run_id)  # half-logged before a crash: log it again, whole
@@ -152,11 +154,11 @@ class Tracker:
         for i, r in enumerate(records):  # ledger order is finishing order: the best as it was when each line landed
             if r.kind not in (Kind.BASELINE, Kind.TRIAL):
                 continue
-            best = winner.best(records[:i + 1])
+            best = A.decide(records[:i + 1], Target()).winner
             points += [p for p in progress_points(r, best.step_time_s if best else None) if p[1] not in have[p[0]]]
         if points:
             self._log(parent_run_id, {}, {}, {}, points)
-        top = winner.best(records)
+        top = A.decide(records, Target()).winner
         if top is not None and self.client.get_run(parent_run_id).data.tags.get("steptune.best_trial") != str(
                 top.trial):
             self.log_best(parent_run_id, top.record)
@@ -185,7 +187,7 @@ class Tracker:
         return run_id
 
     def log_best(self, parent_run_id: str, record: TrialRecord) -> None:
-        """The best config's trial line (orchestrator.records.winner.best), as tags on the parent (its figure is
+        """The answer's winner's trial line (orchestrator.records.answer), as tags on the parent (its figure is
         the ``best_step_time_s`` history). ``best_meets_target`` is the line's own run until ``finish_sweep``
         judges the final answer's figure."""
         # The ledger is written before MLflow, so a record never carries its run id: find the child by its tags.
@@ -196,8 +198,11 @@ class Tracker:
                 "steptune.best_run_id": run_id, "steptune.best_meets_target": flag(record.meets_target)}
         self._log(parent_run_id, {}, {}, tags)
 
-    def finish_sweep(self, parent_run_id: str, summary: dict[str, Any], study: Any, table_text: str) -> None:
-        """Final pictures, table and summary on the parent, which is then marked FINISHED."""
+    def finish_sweep(self, parent_run_id: str, summary: dict[str, Any], study: Any, table_text: str,
+                     meets_by_trial: dict[str, bool] | None = None) -> None:
+        """Final pictures, table and summary on the parent, which is then marked FINISHED. The parent's tags and
+        description and each child's ``steptune.meets_target`` render the final answer (``summary['answer']``;
+        ``meets_by_trial``: trial number -> its config's figure meets the target)."""
         numeric = {}  # the final numbers are in summary.md / summary.json: a metric each would be a chart each
         # A relative target is only known once the baseline is measured: prefer the summary's.
         target = summary.get("target_s")
@@ -216,7 +221,7 @@ class Tracker:
         with tempfile.TemporaryDirectory(prefix="steptune-mlflow-") as tmp:
             out = Path(tmp)
             (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-            notes = sweep_plots.write_all(out / "plots", study, points, target)
+            notes = sweep_plots.write_all(out / "plots", study, points, target, summary.get("answer"))
             if notes:
                 (out / "plots" / "NOTES.txt").write_text("\n".join(notes) + "\n")
             pictures = sorted(p.name for p in (out / "plots").glob("*.png"))
@@ -225,9 +230,27 @@ class Tracker:
             (out / "summary.md").write_text(summary_md(name, summary, table_text, pictures, notes))
             self.client.log_artifacts(parent_run_id, tmp)
         tags = {} if target is None else {"steptune.target_s": repr(float(target))}
+        answer = summary.get("answer") or {}
         if best.get("step_time_s") is not None:  # judged on the answer's figure, as the summary judges it
             tags["steptune.best_meets_target"] = flag(bool(summary.get("target_met")))
+            tags["steptune.best_trial"] = str(best["trial"])
+            tags["steptune.target_verdict"] = str(summary.get("target_verdict"))
+            tags["steptune.tie_trials"] = ",".join(str(t["trial"]) for t in answer.get("ties") or [])
+            tags["steptune.settling_rounds"] = str(answer.get("rounds", 0))
+            numeric["best_ratio_vs_baseline"] = float(best["ratio"])
+        noise = answer.get("noise") or {}
+        for k in ("baseline_spread", "remeasured_spread", "paired_spread", "load_median"):
+            if isinstance(noise.get(k), (int, float)):
+                numeric[f"noise.{k}"] = float(noise[k])
+        if isinstance(summary.get("duty_cycle"), (int, float)):
+            numeric["duty_cycle"] = float(summary["duty_cycle"])
+        tags["mlflow.note.content"] = description(name, summary)
         self._log(parent_run_id, numeric, {}, tags, final)
+        for run in self._children(parent_run_id, "") if meets_by_trial is not None else []:
+            want = flag(meets_by_trial.get(run.data.tags.get("steptune.trial", ""), False)
+                        and run.data.tags.get("steptune.kind") != "canonical")
+            if run.data.tags.get("steptune.meets_target") != want:  # the answer's verdict, not the run's own
+                self.client.set_tag(run.info.run_id, "steptune.meets_target", want)
         self.client.set_terminated(parent_run_id, "FINISHED")
 
     def ui_command(self) -> str:

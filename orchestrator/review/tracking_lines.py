@@ -19,8 +19,8 @@ from orchestrator.review.timeline import render_timeline
 from trainer.config import TrainConfig, flatten
 
 MAX_TAG = 5000
-# The parent's per-trial history: a trial's own step time and the best config's figure after it (the median
-# of its runs, orchestrator.records.winner.best), step = trial number; the sweep's end adds the answer's final
+# The parent's per-trial history: a trial's own step time and the best config's figure after it (the answer's
+# winner, orchestrator.records.answer), step = trial number; the sweep's end adds the answer's final
 # figure, after its re-measurements, as the latest point. With target_step_time_s these are the parent's only
 # metrics, so its chart view is the sweep converging (every metric is a chart there; the baseline's and the
 # best trial's other numbers are on their own child runs).
@@ -28,16 +28,17 @@ PROGRESS = ("step_time_s", "best_step_time_s")
 
 
 def line_key(record: TrialRecord) -> tuple[str, str, str]:
-    """What identifies a record's child run: trial, kind and (confirm records only) the repeat number."""
-    confirm = record.kind is Kind.CONFIRM
-    return str(record.trial), record.kind.value, str(record.repeat or 1) if confirm else ""
+    """What identifies a record's child run: trial, kind and (confirm and repeat records) the repeat number, so
+    every ledger line is its own child run."""
+    again = record.kind in (Kind.CONFIRM, Kind.REPEAT)
+    return str(record.trial), record.kind.value, str(record.repeat or 1) if again else ""
 
 
 def run_key(run) -> tuple[str, str, str]:
     t = run.data.tags
     kind = t.get("steptune.kind", "trial")
-    # A confirm logged before repeats were tagged was the first (later repeats collided with it).
-    return t.get("steptune.trial", ""), kind, t.get("steptune.repeat", "1") if kind == "confirm" else ""
+    # A confirm or repeat logged before repeats were tagged was the first (later repeats collided with it).
+    return t.get("steptune.trial", ""), kind, t.get("steptune.repeat", "1") if kind in ("confirm", "repeat") else ""
 
 
 def progress_points(record: TrialRecord, best_s: float | None) -> list[tuple[str, int, float]]:
@@ -61,8 +62,9 @@ _ABBREV = {"selective": "sel", "interleaved_1f1b": "i1f1b", "none": "none", "ful
 def run_name(record: TrialRecord) -> str:
     """A child run's name from its params, short enough for the UI's run column: "t7 pp2 1f1b mbs4 rc=sel"."""
     trial = record.trial
+    again = f" r{record.round}" if record.round is not None else f" repeat{record.repeat or 1}"
     head = {Kind.BASELINE: f"t{trial} baseline", Kind.CONFIRM: f"t{trial} confirm{record.repeat or 1}",
-            Kind.CANONICAL: f"t{trial} canonical"}.get(record.kind, f"t{trial}")
+            Kind.REPEAT: f"t{trial}{again}", Kind.CANONICAL: f"t{trial} canonical"}.get(record.kind, f"t{trial}")
     words = []
     for key, value in record.params.items():
         label = _NAME.get(key, key.rsplit(".", 1)[-1] + "=")
@@ -91,8 +93,10 @@ def trial_tags(record: TrialRecord) -> dict[str, str]:
         # A cost-model prediction must never be mistaken for a measurement in the UI or a query.
         "steptune.measurement": "prediction" if record.predicted else "measured",
     }
-    if record.kind is Kind.CONFIRM:
+    if record.kind in (Kind.CONFIRM, Kind.REPEAT):
         tags["steptune.repeat"] = line_key(record)[2]
+    if record.round is not None:
+        tags["steptune.round"] = str(record.round)
     if parity is not None and not parity.passed:
         tags["steptune.parity_first_fail"] = f"step {parity.first_fail_step}: {parity.first_fail_metric}"
     return tags
@@ -187,8 +191,9 @@ def summary_md(name: str, summary: dict[str, Any], table_text: str, pictures: li
     out = [f"# steptune sweep `{name}`", "", f"Stopped because: **{summary.get('stopped_because', '-')}**", ""]
     out += [("  " if line.startswith("  ") else "") + f"- {line.strip()}" for line in lines if line.strip()]
     # Fenced: the table's columns are aligned with spaces, and params hold characters Markdown would eat.
-    out += ["", "## Trials", "", "Ranked by the median of each config's runs (one run: that run), the figure the "
-            "summary's best is chosen by; every trial is a child run of this one.", "",
+    out += ["", "## Trials", "", "Rank 1 is the answer; then configs by their figure paired with the baseline's "
+            "run of the same settling round (orchestrator.records.answer); every ledger line is a child run of "
+            "this one.", "",
             "```text", table_text.rstrip(), "```", "", "## Pictures", ""]
     out += [f"- `plots/{p}`" for p in pictures] + [f"- skipped: {n}" for n in notes]
     out += ["", "The chart view of this run plots `best_step_time_s` and each trial's `step_time_s` "
@@ -230,3 +235,16 @@ def to_yaml(d: dict[str, Any]) -> str:
 def epoch_ms(t: datetime) -> int:
     """A record's started_at/finished_at as the epoch milliseconds MLflow takes."""
     return int(t.timestamp() * 1000)
+
+
+def description(name: str, summary: dict[str, Any]) -> str:
+    """The parent's description (``mlflow.note.content``, shown on its overview page): the answer, its tie set
+    and the noise, as the summary states them."""
+    try:
+        lines = report.answer_lines(summary)
+    except (KeyError, TypeError, AttributeError):
+        lines = []
+    head = [f"**steptune sweep `{name}`**: {summary.get('stopped_because', '-')}", ""]
+    return "\n".join(head + [f"- {line.strip()}" for line in lines] +
+                      ["", "Every ledger line (canonical, baseline, trials, settling rounds) is a child run; "
+                           "`summary.md` has the whole table."])[:MAX_TAG]

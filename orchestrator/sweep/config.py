@@ -20,7 +20,7 @@ from typing import Any, Optional
 from orchestrator import REPO_ROOT, backends
 from orchestrator.search.space import Space, enumerate_space, parse_space
 from orchestrator.search.target import Target, parse_target
-from orchestrator.records.winner import WinnerRule
+from orchestrator.records.answer import SettleRule
 from trainer.mapping import build
 
 log = logging.getLogger(__name__)
@@ -31,20 +31,14 @@ PLACEMENTS = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 
 
 @dataclass(frozen=True)
-class ConfirmConfig:
-    repeats: int = 1
-    """Re-runs of a config that meets the target (parity passed); the median of all its runs must still meet it."""
-
-
-@dataclass(frozen=True)
 class SearchConfig:
     n_trials: int = 16
     """Finished Optuna trials in the study, baseline included (a resumed study counts what it has)."""
     wall_time_s: Optional[float] = 300.0
     """No new trial starts once this much of this invocation's time is spent (null: no limit)."""
     min_trials: int = 0
-    """A met and confirmed target ends the sweep only once this many trials are finished (baseline included);
-    until then the search goes on for a faster config. 0: stop at the first confirmed one."""
+    """A target that settling rounds find met ends the search only once this many trials are finished (baseline
+    included); until then the search goes on for a faster config. 0: stop at the first one found met."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +64,7 @@ class SamplerConfig:
 @dataclass(frozen=True)
 class PruningConfig:
     enabled: bool = True
-    """Run a short probe of each trial (not the baseline or a confirm run) before its full measurement."""
+    """Run a short probe of each trial (not the baseline or a settling run) before its full measurement."""
     after_steps: int = 3
     """Measured (post warm-up) steps in the probe run."""
     slower_than_best: float = 1.5
@@ -87,7 +81,9 @@ class ResourcesConfig:
     gpus_per_rank: float = 0.0
     """Ray GPUs reserved by each rank's actor: >= 1 with run.device=cuda, 0 with cpu."""
     trial_timeout_s: float = 120.0
-    """Wall-clock limit of one run on the worker group; past it the group is killed and rebuilt."""
+    """The floor of one run's wall-clock limit; past the limit the group is killed and rebuilt. The limit follows
+    what was measured (orchestrator.sweep.timeouts): the larger of this and a multiple of the slowest ok run so
+    far, stretched by the machine's load, so a busy machine does not turn slow runs into timeouts."""
     concurrent_trials: int = 1
     """Worker groups, each running one trial at a time."""
     placement: str = "STRICT_PACK"
@@ -168,10 +164,9 @@ class SweepConfig:
     """Seconds per update to reach: step_time_s, relative_to_baseline or schedule (none: search the budget)."""
     enqueue: list = field(default_factory=list)
     """Param sets to try right after the baseline (flat dotted, in the space's terms)."""
-    confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
-    """Repeat runs of a config that meets the target."""
-    winner: WinnerRule = field(default_factory=WinnerRule)
-    """The noise-aware winner: re-measure the fastest configs after the search while their runs overlap."""
+    winner: SettleRule = field(default_factory=SettleRule)
+    """How the answer is settled: interleaved rounds of the baseline and the contenders, paired figures, the tie
+    threshold (orchestrator.records.answer)."""
     search: SearchConfig = field(default_factory=SearchConfig)
     """The budget: trials and wall time."""
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
@@ -253,6 +248,7 @@ def from_dict(data: dict[str, Any], source: Path | None = None) -> SweepConfig:
             raise ValueError("trainer_config: expected a path to a trainer YAML file")
         from_file = _read_yaml(_relative(trainer_file, source), "trainer_config")
         data["trainer"] = _merge(from_file, data.get("trainer") or {})
+    _refuse_legacy(data)
     space = parse_space(data.pop("space", None))
     target = parse_target(data.pop("target", None))
     cfg = build(SweepConfig, data, suggest=_suggestion, skip=("source", "raw", "space", "target", "built"))
@@ -265,7 +261,7 @@ def from_dict(data: dict[str, Any], source: Path | None = None) -> SweepConfig:
 def load_saved_sweep(results_dir: str | Path) -> SweepConfig | None:
     """The config a sweep's driver saved beside its ledger (``<results_dir>/sweep.yaml``); None if there is none.
 
-    ``report`` and ``export`` judge a ledger by it (the target, the confirm rule, where MLflow is). Loaded like
+    ``report`` and ``export`` judge a ledger by it (the target, the settling rule, where MLflow is). Loaded like
     any sweep file but not checked against the trainer (nothing is launched from it). A relative
     ``trainer_config:`` pointed beside the original sweep file, which is not saved: where it does not resolve
     from here it is left out, since every trial's full config is in its ledger record anyway.
@@ -279,6 +275,9 @@ def load_saved_sweep(results_dir: str | Path) -> SweepConfig | None:
         data.pop("trainer_config")
     sampler = data.get("sampler")
     cal = sampler.get("calibration") if isinstance(sampler, dict) else None
+    data.pop("confirm", None)  # sweeps saved before settling rounds: judged by today's rule
+    if isinstance(data.get("winner"), dict):
+        data["winner"] = {k: v for k, v in data["winner"].items() if k not in LEGACY_WINNER}
     if isinstance(cal, str) and not (Path(cal).is_file() or _relative(cal, path).is_file()):
         # Read by the sampler before trial 1 only: a report or export of the ledger does not need it.
         data["sampler"] = {k: v for k, v in sampler.items() if k != "calibration"}
@@ -286,6 +285,23 @@ def load_saved_sweep(results_dir: str | Path) -> SweepConfig | None:
         return from_dict(data, source=path)
     except ValueError as e:
         raise ValueError(f"{path}: {e} (the sweep config saved by the driver; was it edited by hand?)") from None
+
+
+LEGACY_WINNER = {"min_runs": "winner.min_rounds", "max_repeats": "winner.max_rounds"}
+"""Fields of the old re-measurement rule and what replaced them."""
+
+
+def _refuse_legacy(data: dict[str, Any]) -> None:
+    """Fields of the rule settling rounds replaced: one line naming the new field, before anything runs."""
+    if "confirm" in data:
+        raise ValueError("confirm: removed; a met target now stops the search only once settling rounds (the "
+                         "baseline and the contenders, interleaved) find it met: remove confirm: and set "
+                         "winner.min_rounds / winner.max_rounds instead (docs/search.md#one-answer)")
+    old = data.get("winner")
+    for k, new in LEGACY_WINNER.items():
+        if isinstance(old, dict) and k in old:
+            raise ValueError(f"winner.{k}: replaced by {new} (runs now come in interleaved rounds of the baseline "
+                             f"and every contender); rename it (docs/search.md#one-answer)")
 
 
 def _cap_min_trials(cfg: SweepConfig) -> SweepConfig:
@@ -308,7 +324,7 @@ def _check_fields(cfg: SweepConfig) -> None:
     _one_of("sampler.kind", cfg.sampler.kind, SAMPLERS)
     _one_of("resources.placement", cfg.resources.placement, PLACEMENTS)
     checks = [
-        ("search.n_trials", cfg.search.n_trials >= 1), ("confirm.repeats", cfg.confirm.repeats >= 0),
+        ("search.n_trials", cfg.search.n_trials >= 1),
         ("search.wall_time_s", cfg.search.wall_time_s is None or cfg.search.wall_time_s > 0),
         ("pruning.after_steps", cfg.pruning.after_steps >= 1),
         ("pruning.slower_than_best", cfg.pruning.slower_than_best > 1),

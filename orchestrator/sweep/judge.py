@@ -15,7 +15,8 @@ from typing import Any, Generator
 
 from orchestrator.plan import guided
 from orchestrator.records import query as Q
-from orchestrator.records import winner
+from orchestrator.records import answer as A
+from orchestrator.sweep import timeouts
 from orchestrator.review import report
 from orchestrator.backends import RunOutcome
 from orchestrator.records.ledger import Ledger
@@ -65,15 +66,20 @@ class Recorder:
         """Driver seconds per finished trial after its ledger line (Optuna, MLflow): not in any trial's wall."""
         self.tracker, self.parent = self._open_tracker()
 
+    def answer(self) -> A.Answer:
+        """The answer of the records so far (orchestrator.records.answer)."""
+        return A.decide(self.records, self.cfg.target, self.cfg.winner)
+
     @property
     def baseline_s(self) -> float | None:
-        return Q.baseline_s(self.records)
+        """The baseline's figure: the median of its runs (one run until settling rounds add more)."""
+        return self.answer().baseline_s if self.records else None
 
     @property
     def best_s(self) -> float | None:
-        """The best config's figure so far (orchestrator.records.winner): what pruning and the progress line use."""
-        best = winner.best(self.records)
-        return best.step_time_s if best else None
+        """The answer's winner's figure so far: what pruning and the progress line use."""
+        win = self.answer().winner
+        return win.step_time_s if win else None
 
     # ---- MLflow -------------------------------------------------------------------------------
 
@@ -102,7 +108,7 @@ class Recorder:
         self.study.tell(trial, record, self.baseline_s, same)
 
     def finish(self, job: Job, outcome: RunOutcome, same: TrialRecord | None = None,
-               repeat: int | None = None) -> TrialRecord:
+               repeat: int | None = None, round_: int | None = None) -> TrialRecord:
         """Judge, record (ledger first), tell Optuna, mirror to MLflow; the record written."""
         runs = [r for r in job.runs if r is not None]
         verdict = self.backend.judge(job.kind, outcome, self.gate, runs)
@@ -116,7 +122,8 @@ class Recorder:
         target = self.cfg.target.seconds(base)
         meets = (job.kind != "canonical" and status == "ok" and target is not None  # a reference run is no candidate
                  and (metrics.step_time_s if metrics.step_time_s is not None else float("inf")) <= target)
-        run_name = f"trial{job.number}" + ("" if job.kind == "trial" else f"_{job.kind}{repeat or ''}")
+        run_name = f"trial{job.number}" + ("" if job.kind == "trial" else f"_{job.kind}{repeat or ''}") + \
+            (f"_r{round_}" if round_ is not None else "")
         fields = self.backend.ledger_fields(job.kind, job.config, outcome, status, runs)
         if job.trial is not None:  # what a guided sampler's planner predicted for it ({} for other samplers)
             fields.update(guided.planner_fields(self.study.study.sampler, job.params, metrics.to_dict(), job.number))
@@ -125,7 +132,8 @@ class Recorder:
             config=self.backend.configs.to_dict(job.config) if job.config is not None else {}, status=status,
             reason=verdict.reason, metrics=metrics, meets_target=meets, wall_s=sum(r.wall_s for r in runs),
             started_at=_ms(job.started), finished_at=_ms(time.time()), result=outcome.result, prediction=outcome.prediction,
-            parity=parity, repeat=repeat, duplicate_of=same.trial if same is not None else None,
+            parity=parity, repeat=repeat, round=round_, load_1m=timeouts.machine_load()[0],
+            duplicate_of=same.trial if same is not None else None,
             # tracking logs them under the child run's traces/
             artifacts=outcome.save_traces(self.cfg.results_dir / "traces" / run_name), **fields)
         self.ledger.append(record)  # first: the source of truth
@@ -135,14 +143,16 @@ class Recorder:
             self.tell(job.trial, record, same)
             job.told = True
         # MLflow synchronously, between trials: in the background it would take CPU from the ranks being measured.
-        best = winner.best(self.records)
+        answer = self.answer()
+        best = answer.winner
         self.track("log_trial", record, best.step_time_s if best else None)
         if best is not None and best.trial != self.best_trial:  # a re-measurement can hand the lead to another
             self.track("log_best", best.record)
             self.best_trial = best.trial
         self.bookkeeping.append(time.perf_counter() - t_book)
-        best = report.secs(self.best_s, self.backend.predicted)
-        self.progress.finished(record, len(Q.measured(self.records)), best, self.cfg.target.describe(base))
+        best_txt = report.secs(best.step_time_s if best else None, self.backend.predicted)
+        self.progress.finished(record, len(Q.measured(self.records)), best_txt,
+                               self.cfg.target.describe(answer.baseline_s or base))
         return record
 
 

@@ -6,11 +6,18 @@ differs between real trials and predictions is the backend's (orchestrator.backe
 
 A trial is a generator of runs (a probe, then the full measurement), so several trials can be in flight on
 several worker groups while the loop waits on whichever finishes first.
+
+Settling (orchestrator.records.answer): once the search is over, and whenever a trial's own run meets the
+target during it, the loop runs rounds: the baseline and every config the answer still calls a contender, once
+each, in a random order. The answer is decided from the ledger after every round; a target stops the search
+only when the answer after settling says "met".
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import random
 import statistics
 import time
 from typing import Any, Generator
@@ -20,14 +27,16 @@ import yaml
 from orchestrator import backends
 from orchestrator.review import report
 from orchestrator.parity import trust
-from orchestrator.records import winner
+from orchestrator.records import answer as A
 from orchestrator.records import query as Q
 from orchestrator.backends import RunOutcome
 from orchestrator.records.ledger import Ledger
 from orchestrator.records.record import Kind, TrialRecord
 from orchestrator.search.space import suggest
+from orchestrator.sweep import timeouts
 from orchestrator.sweep.judge import Job, Recorder
 from orchestrator.sweep.study import SweepError, SweepStudy
+from orchestrator.sweep.finished import Finished
 
 __all__ = ["Job", "Sweep", "SweepError", "run_sweep"]
 
@@ -46,8 +55,8 @@ class Sweep:
         """Built once (by load_sweep's check, normally) and used as is."""
         cfg.results_dir.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(cfg.results_dir / "trials.jsonl")
-        self.progress = report.Progress(cfg.search.n_trials)
         records = self.ledger.read()  # before the study: a ledger that does not load leaves no study behind
+        self.progress = report.Progress(cfg.search.n_trials, done=len(Q.measured(records)))
         self.study = SweepStudy(cfg, self.backend, lambda: self.records)
         self.gate = trust.ParityGate(cfg.results_dir.parent / "parity_refs")
         """Canonical -> baseline -> trials (orchestrator.parity.trust); its store is shared by every sweep under the same
@@ -56,8 +65,13 @@ class Sweep:
         self.queue: list[Job] = []
         self.lost_in_a_row = 0
         self.stop_reason: str | None = None
-        self.target_reason: str | None = None
-        """Why the sweep may stop for its target; it does once search.min_trials are finished."""
+        """Why the search ended (the budget, the wall time, the target); the stop line renders the final answer."""
+        self.target_stop: int | None = None
+        """The trial count at which settling found the target met (the search then ends, after min_trials)."""
+        self.settling: str | None = None
+        """An episode of settling rounds in progress: "target" (a trial's run met the target) or "final"."""
+        self.episode_rounds = 0
+        self.final_done = False
 
     @property
     def records(self) -> list[TrialRecord]:
@@ -75,8 +89,11 @@ class Sweep:
     def target_s(self) -> float | None:
         return self.cfg.target.seconds(self.baseline_s)
 
+    def answer(self) -> A.Answer:
+        return A.decide(self.records, self.cfg.target, self.cfg.winner)
+
     def recover(self) -> None:
-        """Resume: the dead driver's RUNNING trials, a missing baseline, the parity anchor, an unconfirmed winner."""
+        """Resume: the dead driver's RUNNING trials, a missing baseline, the parity anchor."""
         if self.records:  # lines a killed driver wrote to the ledger but never mirrored to MLflow
             self.recorder.track("reconcile", self.records)
         self.study.recover({r.trial: r for r in Q.measured(self.records)}, self.recorder.tell)
@@ -85,36 +102,38 @@ class Sweep:
         base = Q.baseline_of(self.records)
         if base is not None and base.status == "ok" and base.result is not None:
             self.gate.resume(base.result)
-        # Only a measured winner is confirmed (records.query.unconfirmed): a prediction repeats exactly.
-        pending = Q.unconfirmed(self.records, self.target_s, self.cfg.confirm.repeats)
-        if pending is not None:
-            config = self.backend.configs.load(pending.config)
-            self.queue.append(self._confirm_job(pending.trial, pending.params, config))
 
     # ---- the loop ---------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
         t0 = time.perf_counter()
+        n0 = len(self.records)
         runner = self.start()
         startup = time.perf_counter() - t0
         log.info(f"sweep {self.cfg.name}: {self.backend.name} backend on {runner.where if runner else '-'}; "
                  f"target {self.cfg.target.describe(self.baseline_s)}")
         self.drive(runner, t0)
-        summary = report.summarize(self.records, self.cfg.target, self.cfg.winner)
+        wall = time.perf_counter() - t0
+        answer = self.answer()
+        summary = report.summarize(self.records, self.cfg.target, self.cfg.winner, answer)
         book = self.recorder.bookkeeping
-        summary.update(stopped_because=self.stop_reason or "the trial budget is spent", startup_s=startup,
-                       parity_shared_with_canonical=list(self.gate.shared),
+        # Duty cycle: seconds inside training updates (a run's wall less its overhead) over this run's wall.
+        in_updates = sum(r.wall_s - r.overhead_s for r in self.records[n0:] if r.overhead_s is not None)
+        summary.update(stopped_because=report.stop_line(self.stop_reason or "the trial budget is spent",
+                                                        self.target_stop, answer),
+                       startup_s=startup, parity_shared_with_canonical=list(self.gate.shared),
                        mlflow_ui=self.recorder.tracker.open_hint() if self.recorder.tracker else None,
-                       group_builds=runner.builds if runner else 0, sweep_wall_s=time.perf_counter() - t0,
-                       bookkeeping_median_s=statistics.median(book) if book else None)
-        self.recorder.track("finish_sweep", summary, self.study.study, report.table(self.records, self.target_s))
+                       group_builds=runner.builds if runner else 0, sweep_wall_s=wall,
+                       bookkeeping_median_s=statistics.median(book) if book else None,
+                       duty_cycle=in_updates / wall if wall > 0 and self.backend.confirms else None)
+        meets = {str(r.trial): answer.meets(r.params) for r in Q.measured(self.records)}
+        self.recorder.track("finish_sweep", summary, self.study.study, report.table(self.records, answer), meets)
         return summary
 
     def start(self) -> Any:
-        """Resume what the ledger and the study hold; the backend's runner, or None when there is nothing to do."""
+        """Resume what the ledger and the study hold; the backend's runner."""
         self.recover()
-        self._check_target("the target was already met and confirmed")
-        return None if self.stop_reason and self._repeat_of() is None else self.backend.runner()
+        return self.backend.runner()
 
     def drive(self, runner: Any, t0: float | None = None) -> None:
         """The loop: fill free slots with the next job, feed each finished run back to its job; closes ``runner``."""
@@ -125,7 +144,7 @@ class Sweep:
                 for slot in range(runner.slots if runner else 0):
                     if slot not in active and (job := self._next_job(active, time.perf_counter() - t0)):
                         active[slot] = job
-                        runner.submit(slot, next(job.steps))
+                        self._submit(runner, slot, next(job.steps))
                 if not active:
                     break
                 for slot, outcome in runner.poll(timeout_s=0.5):
@@ -136,7 +155,7 @@ class Sweep:
                         continue
                     self.lost_in_a_row = 0
                     try:
-                        runner.submit(slot, job.steps.send(outcome))
+                        self._submit(runner, slot, job.steps.send(outcome))
                     except StopIteration:
                         del active[slot]
                 self.progress.tick()
@@ -149,15 +168,21 @@ class Sweep:
             if runner:
                 runner.close()
 
+    def _submit(self, runner: Any, slot: int, config: Any) -> None:
+        """Submit with a timeout that follows what was measured (orchestrator.sweep.timeouts)."""
+        if hasattr(runner, "timeout_s"):
+            load, cores = timeouts.machine_load()
+            walls = [r.wall_s for r in self.records if r.status == "ok" and r.result is not None]
+            runner.timeout_s = timeouts.run_timeout_s(self.cfg.resources.trial_timeout_s, walls, load, cores)
+        runner.submit(slot, config)
+
     def _lost(self, job: Job, outcome: Any) -> None:
         """A node or a rank's actor was lost mid-run: nothing was measured and the config is not to blame, so
         the trial is queued again (FAIL in Optuna, as for a dead driver's trial; no ledger line, no constraint)."""
         if job.trial is not None:
             self.study.requeue(job.number, job.trial.params, job.trial.user_attrs)
             job.told = True
-        elif job.kind == "confirm":  # run it again (a resume finds it from the ledger too)
-            self.queue.append(self._confirm_job(job.number, job.params, job.config))
-        # (a lost repeat run needs nothing: the winner rule asks for it again from the ledger)
+        # (a lost settling run needs nothing: the next round runs its config again)
         self.progress.running.pop(job.number, None)
         log.warning("trial %d (%s): %s; queued again, not held against its config", job.number, job.kind,
                     outcome.reason)
@@ -174,20 +199,29 @@ class Sweep:
             return self.queue.pop(0)
         if any(j.kind == "baseline" for j in active.values()):
             return None  # everything else is measured against the baseline
+        if self.settling is not None:
+            if active:
+                return None  # a round is decided once all its runs are in
+            job = self._next_round()
+            if job is not None:
+                return job
+            self._episode_over()
         walls = [r.wall_s for r in self.records if r.wall_s]
         wall_budget = self.cfg.search.wall_time_s
         if wall_budget is not None and elapsed + (statistics.median(walls) if walls else 0.0) > wall_budget:
             self.stop_reason = self.stop_reason or f"the wall-time budget ({wall_budget:.0f} s) is spent"
             return None
         job = None if self.stop_reason else self._next_trial(active)
-        if job is None and not active:  # the search is over and nothing it started is still running
-            job = self._repeat_job()
+        if job is None and not active and not self.final_done and self.backend.confirms:
+            self.settling = "final"  # the search is over: settle the answer
+            self.episode_rounds = 0
+            return self._next_job(active, elapsed)
         return job
 
     def _next_trial(self, active: dict[int, Job]) -> Job | None:
         """The next Optuna trial to run; None once the search is over (budget, target)."""
         while True:
-            self._target_reached(None)  # a skipped trial below counts towards search.min_trials too
+            self._target_reached()  # a skipped trial below counts towards search.min_trials too
             if self.stop_reason:
                 return None
             if self.study.finished() + sum(j.trial is not None for j in active.values()) >= self.cfg.search.n_trials:
@@ -273,86 +307,76 @@ class Sweep:
                                       f"did not run: {run.status}: {run.reason}")
         self._finish(job, outcome)
 
-    def _check_target(self, reason: str | None = None) -> None:
-        """Stop for the target (once search.min_trials are finished) when the best config meets it by the figure
-        it is ranked by, its confirm runs included (orchestrator.records.winner.confirmed): the same figure
-        and config the summary's target verdict names."""
-        top = winner.confirmed(self.records, self.target_s, self.cfg.confirm.repeats)
-        if top is not None:
-            how = "meets the target" if self.cfg.confirm.repeats == 0 else \
-                "met the target, passed parity and was confirmed"
-            self._target_reached(reason or f"trial {top.trial} {how} ({top.describe()} <= "
-                                           f"{report.secs(self.target_s)})")
+    # ---- settling rounds ----------------------------------------------------------------------
 
-    def _target_reached(self, reason: str | None) -> None:
-        """Stop for a met target (``reason``, or the one already held), once search.min_trials are finished."""
-        self.target_reason = self.target_reason or reason
-        if self.target_reason and not self.stop_reason:
+    def _next_round(self) -> Job | None:
+        """The first run of the next settling round (the rest queued), or None when the answer needs no more
+        rounds or the episode's winner.max_rounds are spent. Derived from the ledger alone, so a resumed sweep
+        goes on where the dead one stopped."""
+        if self.episode_rounds >= self.cfg.winner.max_rounds:
+            return None
+        answer = self.answer()
+        base = Q.baseline_of(self.records)
+        if answer.settled or base is None or base.status != "ok":
+            return None
+        number = max((r.round or 0 for r in self.records), default=0) + 1
+        picks = [base] + [answer.figure_of(k).record for k in answer.contenders]
+        # A random order per round (seeded by the sweep and the round): a config never always runs first, right
+        # after the baseline, or last, so an order effect (a cache, a warming machine) does not favour one.
+        seed = hashlib.sha256(f"{self.cfg.name}/{self.cfg.sampler.seed}/{number}".encode()).hexdigest()
+        random.Random(seed).shuffle(picks)
+        jobs = [self._round_job(r, number, i + 1, len(picks)) for i, r in enumerate(picks)]
+        self.episode_rounds += 1
+        log.info("settling round %d: %s (%s)", number, ", ".join(f"trial {r.trial}" for r in picks),
+                 answer.why_unsettled or "settling")
+        self.queue.extend(jobs[1:])
+        return jobs[0]
+
+    def _round_job(self, source: TrialRecord, number: int, index: int, size: int) -> Job:
+        job = Job("repeat", source.trial, source.params, self.backend.configs.load(source.config))
+
+        def steps() -> Generator[Any, Any, None]:
+            repeat_n = sum(r.kind is Kind.REPEAT and r.trial == source.trial for r in self.records) + 1
+            job.runs = [(yield job.config)]
+            self._finish(job, job.runs[0], repeat=repeat_n, round_=number)
+
+        job.steps = steps()
+        self.progress.started(source.trial, f"round {number} ({index}/{size}): trial", job.params)
+        return job
+
+    def _episode_over(self) -> None:
+        """An episode of rounds ended: a target episode that found the target met ends the search."""
+        answer = self.answer()
+        if self.settling == "target" and answer.target.state == A.MET and self.target_stop is None:
+            self.target_stop = self.study.finished()
+        if self.settling == "final":
+            self.final_done = True
+        self.settling = None
+        self.episode_rounds = 0
+
+    def _target_reached(self) -> None:
+        """Stop the search for a target settling found met, once search.min_trials are finished."""
+        if self.target_stop is not None and not self.stop_reason:
             n = self.cfg.search.min_trials
             if self.study.finished() >= n:
-                self.stop_reason = self.target_reason + (f" (after search.min_trials={n})" if n else "")
-
-    def _repeat_job(self) -> Job | None:
-        """One more run of a config the noise-aware winner rule cannot yet tell from the leader (orchestrator.records.winner);
-        None when the rule is satisfied, its ``max_repeats`` are spent, or runs are predictions. Derived from the
-        ledger alone, so a resumed sweep goes on where the dead one stopped."""
-        source = self._repeat_of()
-        if source is None:
-            return None
-        number = source.trial
-        job = Job("repeat", number, source.params, self.backend.configs.load(source.config))
-        n = sum(r.kind is Kind.REPEAT and r.trial == number for r in self.records) + 1
-
-        def steps() -> Generator[Any, Any, None]:
-            job.runs = [(yield job.config)]
-            self._finish(job, job.runs[0], repeat=n)
-
-        job.steps = steps()
-        self.progress.started(number, "repeat", job.params)
-        log.info("trial %d: run again (repeat %d) to settle the winner among the fastest configs", number, n)
-        return job
-
-    def _repeat_of(self) -> TrialRecord | None:
-        """The record of the config the winner rule wants run again next, if any (see _repeat_job)."""
-        rule = self.cfg.winner
-        if not self.backend.confirms or sum(r.kind is Kind.REPEAT for r in self.records) >= rule.max_repeats:
-            return None
-        ranked = winner.standings(self.records)
-        key = winner.next_to_run(winner.runs_by_key(ranked), rule)
-        return next((s.record for s in ranked if s.key == key), None)
-
-    def _confirm_job(self, number: int, params: dict, config: Any) -> Job:
-        job = Job("confirm", number, params, config)
-
-        def steps() -> Generator[Any, Any, None]:
-            # (a resumed confirmation goes on from the repeats the ledger already holds)
-            for repeat in range(len(Q.confirms_of(self.records, number)) + 1, self.cfg.confirm.repeats + 1):
-                job.runs = [(yield config)]
-                record = self._finish(job, job.runs[0], repeat=repeat)
-                # The config is judged by its median, this run included: once that misses the target, or a run
-                # fails, no further repeat can confirm it.
-                mine = next((s for s in winner.standings(self.records) if s.trial == number), None)
-                if record.status != "ok" or mine is None or not mine.meets(self.target_s):
-                    return
-            self._check_target()
-
-        job.steps = steps()
-        self.progress.started(number, "confirm", params)
-        return job
+                self.stop_reason = "target" + (f" (after search.min_trials={n})" if n else "")
 
     def _finish(self, job: Job, outcome: Any, same: TrialRecord | None = None,
-                repeat: int | None = None) -> TrialRecord:
+                repeat: int | None = None, round_: int | None = None) -> TrialRecord:
         """Record the finished job (orchestrator.sweep.judge), then what it means for the schedule."""
-        record = self.recorder.finish(job, outcome, same, repeat)
+        record = self.recorder.finish(job, outcome, same, repeat, round_)
         if job.kind in ("baseline", "canonical"):
             self._after_baseline(job, record.status, record.reason)
-        # A prediction costs microseconds and repeats exactly: the model backend searches its whole budget for
-        # the best plan instead of stopping at the first one under the target, and has nothing to confirm.
-        if record.meets_target and job.kind in ("baseline", "trial") and self.backend.confirms:
-            if self.cfg.confirm.repeats == 0:
-                self._check_target()
-            else:
-                self.queue.append(self._confirm_job(job.number, job.params, job.config))
+        # A run that meets the target by itself starts a target check (settling rounds) unless one already found
+        # the target met. A prediction repeats exactly: the model backend searches its whole budget instead.
+        if record.meets_target and job.kind in ("baseline", "trial") and self.backend.confirms \
+                and self.target_stop is None and self.settling is None and self.cfg.winner.max_rounds > 0:
+            self.settling = "target"
+            self.episode_rounds = 0
+        elif record.meets_target and job.kind in ("baseline", "trial") and self.cfg.winner.max_rounds == 0 \
+                and self.backend.confirms and self.target_stop is None:
+            if self.answer().target.state == A.MET:
+                self.target_stop = self.study.finished()
         return record
 
     def _after_baseline(self, job: Job, status: str, reason: str | None) -> None:
@@ -370,20 +394,57 @@ class Sweep:
 def run_sweep(cfg: Any) -> tuple[dict, list[TrialRecord]]:
     """Run (or resume) the sweep; returns the summary and the ledger's records.
 
-    Nothing is written before Ray is joined (a bad ray.address leaves no store, lock or sweep.yaml behind), and
-    sweep.yaml only once the ledger and the study accepted this config, so a refused run keeps the old one.
+    The ledger's lock is taken first (a second driver of the same sweep is refused at once, before Ray starts).
+    A finished sweep (orchestrator.sweep.finished) runs nothing: its answer is returned as it stands, unless
+    ``search.n_trials`` was raised to extend it. Nothing else is written before Ray is joined (a bad
+    ray.address leaves no store, lock or sweep.yaml behind), and sweep.yaml only once the ledger and the study
+    accepted this config, so a refused run keeps the old one.
     """
-    backend = cfg.built or backends.build(cfg)
-    backend.join()
-    with Ledger(cfg.results_dir / "trials.jsonl").lock():
+    ledger = Ledger(cfg.results_dir / "trials.jsonl")
+    made = [p for p in (cfg.results_dir.parent, cfg.results_dir) if not p.exists()]
+    with ledger.lock():
+        finished = Finished(cfg.results_dir)
+        if (done := finished.covers(cfg.search.n_trials)) is not None:
+            records = ledger.read()
+            summary = report.summarize(records, cfg.target, cfg.winner)
+            summary.update(stopped_because=done.stopped_because, already_finished=done.n_trials,
+                           mlflow_ui=None, sweep_wall_s=None)
+            summary["time_to_answer"] = report.time_to_answer(records, finished.sessions())
+            return summary, records
+        if finished.read() is not None:
+            log.info("extending sweep %s: search.n_trials=%d (it finished at %d)", cfg.name, cfg.search.n_trials,
+                     finished.read().n_trials)
+        backend = cfg.built or backends.build(cfg)
+        try:
+            backend.join()
+        except BaseException:
+            _unmake(ledger, made)
+            raise
+        session = finished.begin()
         sweep = Sweep(cfg, backend)
-        # What `report` needs to judge the ledger again (the target, the confirm rule), beside the ledger.
+        # What `report` needs to judge the ledger again (the target, the settling rule), beside the ledger.
         (cfg.results_dir / "sweep.yaml").write_text(yaml.safe_dump(cfg.raw, sort_keys=False))
         try:
             summary = sweep.run()
         except BaseException as e:  # the MLflow parent must not stay RUNNING: ended FAILED/KILLED with why
+            finished.end(session)
             sweep.recorder.track("end_sweep", e)
             raise
         finally:
             sweep.study.release()
+        finished.end(session)
+        if not (sweep.stop_reason or "").startswith("the wall-time"):
+            finished.write(cfg.search.n_trials, summary["stopped_because"])
+        summary["time_to_answer"] = report.time_to_answer(sweep.records, finished.sessions())
         return summary, sweep.records
+
+
+def _unmake(ledger: Ledger, made: list) -> None:
+    """Remove what taking the lock created, when nothing else was written (a refused start leaves nothing)."""
+    lock = ledger.path.with_name(".driver.lock")
+    lock.unlink(missing_ok=True)
+    for p in reversed(made):
+        try:
+            p.rmdir()
+        except OSError:
+            pass
