@@ -12,7 +12,9 @@ A config a partial landscape has no run of is skipped like a pre-filtered one: a
 
 Per strategy and seed: the runs until a config whose true median is within 2% (5%) of the true best (the
 best median of the landscape) was measured, up to a cap; and, for a sweep of ``--budget`` trials, whether
-the declared winner is truly within 2%, with and without the noise-aware winner rule (``declare``).
+the declared winner is truly within 2%, with and without settling (``declare``: interleaved rounds of the
+baseline and the contenders, judged by the sweep's own decision, orchestrator.records.answer.decide); a
+declared tie counts as right only when every member of it is truly within 2%.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from orchestrator import backends  # noqa: E402
 from orchestrator.plan import guided
-from orchestrator.records import winner
+from orchestrator.records import answer as A
+from orchestrator.records.record import Metrics, ParityVerdict, TrialRecord  # noqa: E402
+from orchestrator.search.target import Target  # noqa: E402
 from orchestrator.sweep.config import SweepConfig, load_sweep  # noqa: E402
 from orchestrator.search.space import suggest  # noqa: E402
 
@@ -65,7 +69,7 @@ class Landscape:
 
     @classmethod
     def from_doc(cls, doc: dict, overrides: Sequence[str] = ()) -> "Landscape":
-        """``overrides``: sweep-file settings as a dotlist (e.g. ``sampler.guided_every=2``, ``winner.min_runs=5``);
+        """``overrides``: sweep-file settings as a dotlist (e.g. ``sampler.guided_every=2``, ``winner.min_rounds=4``);
         the space itself is the landscape's."""
         cfg = load_sweep(ROOT / doc["source"], list(overrides), check=False)
         rows = {r["key"]: r for r in doc["configs"]}
@@ -100,13 +104,16 @@ class SeedResult:
     winner_best_sample: bool
     """Budgeted sweep, winner = the fastest single sample: truly within 2%?"""
     winner_noise_aware: bool
-    """The same with ``declare``'s rule (medians, re-measuring an overlapping top 3)."""
+    """The same with ``declare``'s settling rounds: the winner, and every member of a declared tie, truly within
+    2%?"""
     extra_runs: int
-    """Re-measurements ``declare`` added."""
+    """Runs ``declare``'s settling rounds added (baseline runs included)."""
     planner_err: list[float]
     """|error| % of the planner's prediction per run (guided strategies only)."""
     winner_noise_aware_5: bool = False
-    """``declare``'s winner truly within 5%?"""
+    """``declare``'s winner (and its tie set) truly within 5%?"""
+    tie: bool = False
+    """``declare`` declared a tie."""
 
 
 def make_sampler(strategy: str, land: Landscape, seed: int, lines: Callable[[], list],
@@ -186,24 +193,48 @@ def replay(strategy: str, land: Landscape, seed: int, cap: int, budget: int,
     if len(history) < budget:
         first = samples
     best_single = min(first, key=lambda k: min(first[k]))
-    declared, extra = declare(first, land, rng)
-    return SeedResult(strategy, seed, reach, land.within(best_single, 0.02), land.within(declared, 0.02), extra, errs,
-                      land.within(declared, 0.05))
+    ties, extra = declare(first, land, rng, base=land.key(base_params))
+    return SeedResult(strategy, seed, reach, land.within(best_single, 0.02),
+                      all(land.within(k, 0.02) for k in ties), extra, errs,
+                      all(land.within(k, 0.05) for k in ties), len(ties) > 1)
 
 
-def declare(samples: dict[str, list[float]], land: Landscape, rng: random.Random,
-            rule: winner.WinnerRule | None = None) -> tuple[str, int]:
-    """The noise-aware winner as the sweep settles it (``Sweep._repeat_job``, the sweep file's ``winner:``):
-    one more run of ``winner.next_to_run`` at a time, up to ``max_repeats``, then the lowest median.
-    Returns (winner key, re-measurements)."""
-    rule = rule or getattr(getattr(land, "cfg", None), "winner", None) or winner.RULE
-    s = {k: list(v) for k, v in samples.items()}
-    extra = 0
-    while extra < rule.max_repeats and (k := winner.next_to_run(s, rule)) is not None:
-        runs = land.rows[k]["step_time_samples_s"]
-        s[k].append(runs[rng.randrange(len(runs))])
-        extra += 1
-    return winner.leader(s), extra
+_T0 = __import__("datetime").datetime(2026, 1, 1, tzinfo=__import__("datetime").timezone.utc)
+
+
+def _record(number: int, params: dict, t: float, base: bool, rnd: int | None) -> TrialRecord:
+    """A drawn sample as a ledger record, for the sweep's own decision (parity passed, as in the landscape)."""
+    kind = ("baseline" if base else "trial") if rnd is None else "repeat"
+    return TrialRecord(sweep="replay", trial=number, kind=kind, backend="ray", params=params, config={},
+                       status="ok", reason=None, metrics=Metrics(step_time_s=t), meets_target=False, wall_s=t,
+                       overhead_s=0.0, started_at=_T0, finished_at=_T0,
+                       parity=None if base and rnd is None else ParityVerdict(passed=True),
+                       repeat=None if rnd is None else rnd, round=rnd)
+
+
+def declare(samples: dict[str, list[float]], land: Landscape, rng: random.Random, base: str | None = None,
+            rule: A.SettleRule | None = None) -> tuple[list[str], int]:
+    """The answer as the sweep settles it (``Sweep._next_round``, the sweep file's ``winner:``): rounds of the
+    baseline and the contenders ``answer.decide`` names, one drawn sample each, until it is settled or
+    ``max_rounds`` are spent. Returns (the winner's key and its tie set's, winner first; runs added)."""
+    rule = rule or getattr(getattr(land, "cfg", None), "winner", None) or A.RULE
+    base = base if base in samples else next(iter(samples))
+    keys = [base] + [k for k in samples if k != base]
+    params = {k: (land.rows.get(k) or {}).get("params") or {"key": k} for k in keys}
+    land_key = {A.key_of(params[k]): k for k in keys}
+    records = [_record(i, params[k], t, k == base, None) for i, k in enumerate(keys) for t in samples[k]]
+    extra, number = 0, 0
+    while number < rule.max_rounds:
+        answer = A.decide(records, Target(), rule)
+        if answer.settled:
+            break
+        number += 1
+        for k in [base] + [land_key[c] for c in answer.contenders]:
+            runs = land.rows[k]["step_time_samples_s"]
+            records.append(_record(keys.index(k), params[k], runs[rng.randrange(len(runs))], k == base, number))
+            extra += 1
+    answer = A.decide(records, Target(), rule)
+    return [land_key[c.key] for c in answer.ties], extra
 
 
 def resolution(land: Landscape, frac: float, runs: int = 3, draws: int = 2000, seed: int = 0) -> float:

@@ -54,7 +54,7 @@ TINY_SWEEP = {
     "pruning": {"enabled": False},
     "resources": {"world_size": 2, "cpus_per_rank": 1, "trial_timeout_s": 60},
     "tracking": {"enabled": False},
-    "winner": {"max_repeats": 0},  # re-measuring the top configs: its own tests turn it on
+    "winner": {"max_rounds": 0},  # settling rounds: their own tests turn them on
 }
 
 
@@ -72,7 +72,7 @@ def sweep_file(tmp_path):
         data = yaml.safe_load(yaml.safe_dump(TINY_SWEEP))
         data["storage"] = {"results_dir": str(tmp_path / "results")}
         for key, value in changes.items():
-            if key in ("resources", "pruning", "search", "sampler", "tracking", "ray", "storage", "confirm", "winner"):
+            if key in ("resources", "pruning", "search", "sampler", "tracking", "ray", "storage", "winner"):
                 data[key] = {**data.get(key, {}), **value}
             else:
                 data[key] = value

@@ -52,8 +52,9 @@ class SettleRule:
     """Configs (the lowest figures, baseline aside) that enter the settling rounds; later rounds keep only those
     that cannot yet be told apart from the leader, and the leader while the target verdict is undecided."""
     min_rounds: int = 3
-    """Rounds every contender gets before a tie set or target verdict is trusted (paired comparisons need a
-    few rounds: with 3, a bootstrap interval of a median spans the middle of its three ratios)."""
+    """Paired runs the leader and every config still tied with it get before the tie set and the target verdict
+    are trusted (with 3, a bootstrap interval of a median spans the middle of its three ratios); a contender
+    that its runs already tell apart from the leader leaves the rounds earlier."""
     max_rounds: int = 5
     """Most settling rounds after the search (and in a target check during it); 0: no settling, the answer is
     the search's own runs and the summary says it is unsettled."""

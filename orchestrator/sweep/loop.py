@@ -131,8 +131,15 @@ class Sweep:
         return summary
 
     def start(self) -> Any:
-        """Resume what the ledger and the study hold; the backend's runner."""
+        """Resume what the ledger and the study hold (a target settling already found met, a target check cut
+        short by a dead driver); the backend's runner."""
         self.recover()
+        answer = self.answer()
+        if answer.rounds and answer.target.state == A.MET:
+            self.target_stop = self.study.finished()
+        elif self.backend.confirms and not answer.settled and self.cfg.winner.max_rounds > 0 and any(
+                r.meets_target for r in Q.measured(self.records)):
+            self.settling = "target"
         return self.backend.runner()
 
     def drive(self, runner: Any, t0: float | None = None) -> None:

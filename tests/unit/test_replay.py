@@ -1,4 +1,4 @@
-"""bench/replay.py: a replay is a function of its seed; the noise-aware winner rule."""
+"""bench/replay.py: a replay is a function of its seed; settling judged by the sweep's own decision."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import replay as R  # noqa: E402
 
-from orchestrator.records import winner  # noqa: E402
+from orchestrator.records import answer as A  # noqa: E402
 from orchestrator.plan.prefilter import load_cluster  # noqa: E402
 
 
@@ -38,45 +38,55 @@ def test_replay_is_deterministic_for_a_seed(world, strategy):
                for o in others)  # the seed matters
 
 
-def test_noise_aware_rule_remeasures_an_overlapping_top_and_drops_a_lucky_sample():
-    rows = {"lucky": {"step_time_samples_s": [0.130, 0.130, 0.130]},  # one 80 ms sample came in by luck
-            "steady": {"step_time_samples_s": [0.089, 0.090, 0.091]},
-            "slow": {"step_time_samples_s": [0.200, 0.200, 0.200]}}
+def _rows(d):
+    return {k: {"key": k, "params": {"k": k}, "step_time_samples_s": v} for k, v in d.items()}
+
+
+def test_settling_runs_rounds_and_drops_a_lucky_sample():
+    rows = _rows({"base": [0.200, 0.201, 0.199], "lucky": [0.130, 0.130, 0.130],  # one 80 ms sample by luck
+                  "steady": [0.089, 0.090, 0.091], "slow": [0.190, 0.190, 0.190]})
     land = SimpleNamespace(rows=rows)
-    seen = {"lucky": [0.080], "steady": [0.090], "slow": [0.200]}
+    seen = {"base": [0.2], "lucky": [0.080], "steady": [0.090], "slow": [0.190]}
     assert min(seen, key=lambda k: min(seen[k])) == "lucky"
-    declared, extra = R.declare(seen, land, random.Random(0))
-    assert declared == "steady"
-    assert 0 < extra <= winner.RULE.top_k * (winner.RULE.min_runs - 1)
-    # Separated intervals: nothing to re-measure.
-    assert R.declare({"a": [0.1, 0.1], "b": [0.2, 0.2]}, SimpleNamespace(rows={}), random.Random(0)) == ("a", 0)
+    ties, extra = R.declare(seen, land, random.Random(0), base="base")
+    assert ties == ["steady"]
+    assert 0 < extra <= A.RULE.max_rounds * (1 + A.RULE.top_k)
 
 
-def test_the_sweep_summary_reports_the_same_rule_from_a_ledger():
+def test_configs_the_landscape_cannot_separate_are_declared_a_tie_not_a_wrong_single_winner():
+    # "a" and "b" are the same speed within 0.5%, well inside their own run-to-run noise.
+    rows = _rows({"base": [0.200, 0.210, 0.190], "a": [0.100, 0.104, 0.097, 0.101], "b": [0.101, 0.098, 0.103, 0.100]})
+    land = SimpleNamespace(rows=rows)
+    ties, _ = R.declare({"base": [0.2], "a": [0.1], "b": [0.1005]}, land, random.Random(1), base="base")
+    assert sorted(ties) == ["a", "b"]
+
+
+def test_the_sweep_summary_reports_the_same_decision_from_a_ledger():
     from datetime import datetime, timezone
 
-    from orchestrator.records.record import Metrics, TrialRecord
+    from orchestrator.records.record import Metrics, ParityVerdict, TrialRecord
+    from orchestrator.review import report
+    from orchestrator.search.target import Target
 
-    def line(trial, kind, params, t):
+    def line(trial, kind, params, t, rnd=None):
         now = datetime.now(timezone.utc)
         return TrialRecord(sweep="s", trial=trial, kind=kind, backend="ray", params=params, config={}, status="ok",
                            reason=None, metrics=Metrics(step_time_s=t), meets_target=False, wall_s=1.0, overhead_s=None,
-                           started_at=now, finished_at=now, repeat=1 if kind == "confirm" else None)
+                           started_at=now, finished_at=now, repeat=rnd, round=rnd,
+                           parity=None if kind in ("baseline", "canonical") else ParityVerdict(passed=True))
 
-    a, b = {"mbs": 8}, {"mbs": 4}
+    a, b, base = {"mbs": 8}, {"mbs": 4}, {"mbs": 1}
     # The canonical reference run shares the baseline's trial number: its time is not the baseline config's.
-    recs = [line(0, "canonical", {}, 0.01), line(0, "baseline", {"mbs": 1}, 0.3), line(1, "trial", a, 0.08),
+    recs = [line(0, "canonical", {}, 0.01), line(0, "baseline", base, 0.3), line(1, "trial", a, 0.08),
             line(2, "trial", b, 0.09)]
-    rule = winner.WinnerRule(min_runs=3)
-    w = winner.summary(recs, rule)
-    assert (w["trial"], w["remeasure_trials"]) == (1, [1, 2])  # one run each: cannot be told apart yet
-    recs += [line(1, "confirm", a, 0.13), line(1, "confirm", a, 0.12), line(2, "confirm", b, 0.091),
-             line(2, "confirm", b, 0.089)]
-    w = winner.summary(recs, rule)
-    # medians 0.09 vs 0.12; the intervals still touch, but each config has its min_runs: settled
-    assert (w["trial"], w["runs"], w["remeasure_trials"]) == (2, 3, [])
-    assert winner.summary(recs)["remeasure_trials"] == [2, 1]  # the default rule (4 runs) asks for one more each
-    assert winner.settling_text(w) is None  # settled, with no re-measurement (these are confirm runs)
+    answer = A.decide(recs, Target(), A.SettleRule(min_rounds=3))
+    assert answer.winner.trial == 1 and answer.tie and not answer.settled  # one run each: not told apart yet
+    for k, (x, y, z) in enumerate([(0.3, 0.12, 0.09), (0.31, 0.13, 0.091), (0.29, 0.125, 0.089)], 1):
+        recs += [line(0, "repeat", base, x, k), line(1, "repeat", a, y, k), line(2, "repeat", b, z, k)]
+    answer = A.decide(recs, Target(), A.SettleRule(min_rounds=3))
+    assert (answer.winner.trial, answer.tie, answer.settled) == (2, False, True)
+    summary = report.summarize(recs, Target(), A.SettleRule(min_rounds=3))
+    assert summary["best"]["trial"] == 2 and summary["answer"]["rounds"] == 3
 
 
 def test_the_landscape_resolution_is_one_without_noise_and_falls_with_overlapping_runs():
@@ -94,15 +104,3 @@ def test_the_landscape_resolution_is_one_without_noise_and_falls_with_overlappin
     assert R.resolution(tied, 0.10, draws=200) == 1.0
 
 
-@pytest.mark.parametrize("others, asked", [
-    # The real default sweep's case: only the leader has two runs, 0.2% apart. The declared 15% still widens
-    # the single runs, so the 1%- and 3%-slower configs are run again (their intervals overlap the leader's).
-    ({}, ["lead", "second", "third"]),
-    # Three configs with several tight runs: their median spread (~0.2%) replaces the declared one, and the
-    # 1% gap then separates the leader from the single-run second: settled.
-    ({"x": [50.0, 50.1], "y": [52.0, 52.1]}, []),
-])
-def test_a_spread_measured_on_too_few_configs_does_not_narrow_the_single_runs(others, asked):
-    runs = {"lead": [45.3, 45.4], "second": [45.9], "third": [46.8], **others}
-    keys = winner.to_remeasure(runs, winner.WinnerRule(top_k=3, min_runs=4))
-    assert keys == asked
