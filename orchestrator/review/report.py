@@ -60,10 +60,11 @@ def _parity(r: TrialRecord) -> str:
     return "pass" if p.passed else f"FAIL {p.first_fail_metric}@{p.first_fail_step}"
 
 
-def table(records: list[TrialRecord], answer: A.Answer, limit: int | None = None) -> str:
+def table(records: list[TrialRecord], answer: A.Answer | None = None, limit: int | None = None) -> str:
     """Ranked as the answer ranks (orchestrator.records.answer): the winner first, then configs by their figure
     (paired with the baseline where settling rounds ran), then every other line by trial number. ``*``: the
     config's figure meets the target; ``=`` after a rank: tied with the winner (cannot be told apart)."""
+    answer = answer or A.decide(records, Target())
     rows = Q.measured(records)
     place = {c.key: i for i, c in enumerate(answer.ranked)}
     ties = {c.key for c in answer.ties} if answer.tie else set()

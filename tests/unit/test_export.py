@@ -541,11 +541,13 @@ def test_saved_sweep_is_read_through_the_sweep_loader(tmp_path):
     saved = yaml.safe_load(DEFAULT_SWEEP.read_text())
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({
         **saved, "name": "s", "trainer_config": "elsewhere/trainer.yaml", "target": {"relative_to_baseline": 0.5},
-        "confirm": {"repeats": 2}}))
-    cfg = load_saved_sweep(tmp_path)  # the trainer file was relative to the original sweep file: left out
-    assert cfg.name == "s" and cfg.confirm.repeats == 2 and cfg.target.seconds(3.0) == pytest.approx(1.5)
-    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({**saved, "confirm": {"repeats": -1}}))
-    with pytest.raises(ValueError, match=r"sweep.yaml: confirm.repeats=-1 is out of range"):
+        "confirm": {"repeats": 2}, "winner": {"min_runs": 3, "min_rounds": 2}}))
+    # The trainer file was relative to the original sweep file: left out. A sweep saved before settling rounds
+    # (confirm:, winner.min_runs) is judged by today's rule.
+    cfg = load_saved_sweep(tmp_path)
+    assert cfg.name == "s" and cfg.winner.min_rounds == 2 and cfg.target.seconds(3.0) == pytest.approx(1.5)
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({**saved, "winner": {"max_rounds": -1}}))
+    with pytest.raises(ValueError, match=r"sweep.yaml: winner.max_rounds=-1: a whole number >= 0"):
         load_saved_sweep(tmp_path)
 
 

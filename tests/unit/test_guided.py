@@ -124,7 +124,7 @@ def test_time_to_answer_counts_trials_and_seconds_to_the_first_config_near_the_b
     t = report.time_to_answer(recs)
     assert (t["trials"], t["trial"], t["seconds"]) == (2, 1, 5.0)  # 0.101 is within 2% of the best, 0.1
     assert t["planner_error_first_pct"] == 40.0 and t["planner_error_last_pct"] == 5.0
-    assert "trial 1 (2 trials, 5 s in)" in report.time_to_answer_text(t)
+    assert "trial 1 (2 trials, 5 s of the sweep's running time)" in report.time_to_answer_text(t)
     s = report.summarize(recs, parse_target({"relative_to_baseline": 0.25}))
     assert s["time_to_answer"]["trial"] == 1 and s["best"]["trial"] == 3
     text = report.summary_text({**s, "sweep_wall_s": None})

@@ -9,7 +9,8 @@ import pytest
 
 from orchestrator.records import ledger as L
 from orchestrator.records import query as Q
-from orchestrator.records import winner as W
+from orchestrator.records import answer as A
+from orchestrator.search.target import Target
 from orchestrator.records.ledger import read_records
 from orchestrator.records.record import Metrics, ParityVerdict, Probe, TrialRecord
 from orchestrator.records.query import OverheadStats, PruningStats
@@ -55,7 +56,7 @@ def test_corrupt_line_is_an_error(tmp_path):
         led.read()
 
 
-def test_best_baseline_and_confirmation():
+def test_best_and_baseline():
     passed = ParityVerdict(passed=True)
     recs = [line(0, "baseline", step=2.0), line(1, step=1.0, meets=True, measured=True, parity=passed),
             line(2, status="failed", step=None), line(3, status="pruned", step=0.5),
@@ -63,15 +64,11 @@ def test_best_baseline_and_confirmation():
     for r in recs:
         r.params = {"config": r.trial}  # one config per trial (the confirm's is its trial's)
     assert Q.baseline_of(recs).trial == 0
-    best = W.best(recs)  # by the median of its runs (a pruned probe is no run)
+    best = A.decide(recs, Target()).winner  # by the median of its runs (a pruned probe is no run)
     assert (best.trial, best.runs, best.step_time_s, best.describe()) == (1, (1.0, 1.1), 1.05,
                                                                          "median of 2 runs 1.050 s")
-    assert W.confirmed(recs, 1.2, repeats=1).trial == 1
-    assert W.confirmed(recs, 1.2, repeats=2) is None and Q.unconfirmed(recs, 1.2, repeats=2).trial == 1
-    # The second confirm run misses the target on its own, but the config's median (1.1 s) meets it.
-    recs.append(line(1, "confirm", step=1.3, meets=False, repeat=2, measured=True, parity=passed))
-    assert W.confirmed(recs, 1.2, repeats=2).trial == 1 and Q.unconfirmed(recs, 1.2, repeats=2) is None
-    assert W.confirmed(recs, 1.08, repeats=2) is None  # the median misses a tighter one
+    # An old ledger's confirm runs count as runs of their config, unpaired (no settling round).
+    assert best.paired == () and A.decide(recs, Target(step_time_s=1.2)).target.state == "met"
 
 
 def test_the_answer_counts_only_runs_that_passed_parity():
@@ -82,7 +79,7 @@ def test_the_answer_counts_only_runs_that_passed_parity():
             line(4, step=0.1, duplicate_of=3), line(5, "canonical", step=0.01)]
     for r, p in zip(recs, ({"t": 0}, {"t": 1}, {"t": 2}, {"t": 3}, {"t": 3}, {"t": 5})):
         r.params = p
-    assert [(s.trial, s.runs) for s in W.standings(recs)] == [(3, (1.5,)), (0, (2.0,))]
+    assert [(s.trial, s.runs) for s in A.decide(recs, Target()).ranked] == [(3, (1.5,)), (0, (2.0,))]
 
 
 def test_overhead_and_pruning_stats():

@@ -88,8 +88,10 @@ BAD = [
      "sampler.calibration: only sampler.kind=guided reads it (kind is tpe)"),
     ({"sampler": {"kind": "guided", "calibration": "missing.yaml"}}, [], "no such calibration file"),
     ({}, ["winner.top_k=0"], "winner.top_k=0: a whole number >= 1"),
-    ({}, ["winner.max_repeats=-1"], "winner.max_repeats=-1: a whole number >= 0"),
-    ({}, ["winner.single_run_spread=0"], "winner.single_run_spread=0.0: a fraction > 0"),
+    ({}, ["winner.max_rounds=-1"], "winner.max_rounds=-1: a whole number >= 0"),
+    ({}, ["winner.max_repeats=3"], "winner.max_repeats: replaced by winner.max_rounds"),
+    ({}, ["confirm.repeats=1"], "confirm: removed; a met target now stops the search only once settling rounds"),
+    ({}, ["winner.single_run_spread=0"], "winner.single_run_spread=0.0: a number in (0.0, 2.0)"),
 ]
 
 
