@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from orchestrator.commands import steptune
+
 log = logging.getLogger("orchestrator.cli")
 
 EXIT_OK, EXIT_STOPPED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -99,11 +101,11 @@ def _sweep(args: argparse.Namespace) -> int:
     print()
     print(report.summary_text(summary))
     print(f"stopped because {summary['stopped_because']}")
-    print(f"ledger: {cfg.results_dir / 'trials.jsonl'}; again: steptune report --sweep {cfg.name}{where}")
+    print(f"ledger: {cfg.results_dir / 'trials.jsonl'}; again: {steptune()} report --sweep {cfg.name}{where}")
     if summary["mlflow_ui"]:
         print(f"MLflow: {summary['mlflow_ui']}")
     best = f" (trial {summary['best']['trial']})" if summary.get("best") else ""
-    print(f"export the best{best}: steptune export --sweep {cfg.name}{where}")
+    print(f"export the best{best}: {steptune()} export --sweep {cfg.name}{where}")
     return EXIT_OK
 
 

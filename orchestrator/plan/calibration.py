@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from orchestrator.commands import steptune
 from orchestrator.planner import Calibration, ClusterSpec, Efficiency, calibrate
 from orchestrator.planner.calibrate import BOUNDS, TRAINER_PHASES, trainer_phase_metrics
 from orchestrator.records.ledger import read_records
@@ -170,7 +171,7 @@ def write_calibration(cal: Calibration, path: str | Path, cluster_file: str | No
 def load_calibration(path: str | Path) -> Efficiency:
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path}: no such calibration file (write one with python -m orchestrator calibrate)")
+        raise ValueError(f"{path}: no such calibration file (write one with {steptune()} calibrate)")
     data = yaml.safe_load(path.read_text()) or {}
     eff = data.get("efficiency") if isinstance(data, Mapping) else None
     if not isinstance(eff, Mapping):

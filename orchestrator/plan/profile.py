@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from orchestrator.commands import steptune
 from orchestrator.plan.slices import Slice, SlicePlan, derive_slices, memory_refusal
 from orchestrator.planner import Calibration, ClusterSpec, Efficiency, calibrate
 
@@ -296,5 +298,5 @@ def run(args: Any, runner: SliceRunner | None = None) -> int:
     print()
     print("fitted: " + ", ".join(f"{k} = {v:.4g}" for k, v in cal.fitted.items()))
     print(f"wrote {out} (basis: measured{', shrunk: not the production GEMMs' if args.shrink > 1 else ''}); use it:")
-    print(f"  steptune plan --config {path} planner.calibration_file={out}")
+    print(f"  {steptune()} plan --config {shlex.quote(str(path))} {shlex.quote(f'planner.calibration_file={out}')}")
     return 0 if not failed else 1
