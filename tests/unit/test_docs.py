@@ -91,6 +91,39 @@ def test_every_code_path_the_docs_name_exists():
     assert not missing, "paths named in the docs that do not exist:\n" + "\n".join(missing)
 
 
+CONFIG_ARG = re.compile(r"--config[= ]+([^\s`|)\]:,;]+)")
+USERS_OWN = re.compile(r"(^|/)my[-\w]*\.yaml$")
+"""A file the reader writes (``my.yaml``, ``search_spaces/my.yaml``, ``my-model.yaml``): not shipped."""
+NOT_SHIPPED = {
+    "trainer.yaml": "steptune export writes it; docs/export.md runs it from the export folder",
+    "results/winner/trainer.yaml": "the README's `export --out results/winner` right above writes it",
+    "missing.yaml": "docs/trainer.md's example of the one line a missing --config file gets",
+}
+"""Paths the docs name on purpose without shipping them, each with the reason."""
+
+
+def config_args(text: str) -> list[str]:
+    """Every ``--config PATH`` a page names, placeholders (``FILE``) left out."""
+    return [p for p in CONFIG_ARG.findall(text) if not p.isupper()]
+
+
+def test_every_config_file_the_docs_run_exists():
+    """A command a page shows with ``--config PATH`` runs as written from the repository root: the file ships."""
+    missing = []
+    for doc in _docs():
+        for path in config_args(doc.read_text()):
+            if not (REPO / path).is_file() and not USERS_OWN.search(path) and path not in NOT_SHIPPED:
+                missing.append(f"{doc.relative_to(REPO)}: --config {path}")
+    assert not missing, ("files the docs pass to --config that do not exist (ship them, e.g. under search_spaces/, "
+                         "or name the right path):\n" + "\n".join(missing))
+
+
+def test_config_args_sees_a_missing_file():
+    assert config_args("`steptune profile --config tiny.yaml --ranks 2`, `--config FILE`") == ["tiny.yaml"]
+    assert config_args("| `--config search_spaces/x.yaml` |") == ["search_spaces/x.yaml"]
+    assert not (REPO / "tiny.yaml").exists() and not USERS_OWN.search("tiny.yaml")
+
+
 def test_pending_docs_are_really_pending():
     # Once a pending doc exists on this branch its entry must go, or a later deletion would go unnoticed.
     arrived = sorted(p for p in PENDING_FROM_OTHER_BRANCHES if (REPO / p).exists())
