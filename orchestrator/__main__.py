@@ -136,7 +136,7 @@ def _report(args: argparse.Namespace) -> int:
 def _export_args(p: argparse.ArgumentParser) -> None:
     add_sweep_name(p)
     add_results_dir(p)
-    p.add_argument("--trial", type=int, metavar="N", help="Optuna trial number (default: the best)")
+    p.add_argument("--trial", type=int, metavar="N", help="Optuna trial number (default: the best, the summary's and the table's rank 1)")
     p.add_argument("--out", metavar="DIR", help="output directory (default: RESULTS_DIR/NAME/export)")
     p.add_argument("--force", action="store_true", help="export even a trial that failed parity or the target")
 

@@ -193,10 +193,12 @@ DEFAULT_CLUSTER = "search_spaces/clusters/cpu-local.yaml"
 
 def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
     """calibrate's own flags (``steptune calibrate`` adds the shared --sweep and --results-dir)."""
-    p.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"cluster file (default: {DEFAULT_CLUSTER})")
-    p.add_argument("--out", help="write the calibrated efficiency here (default: results/<sweep>/calibration.yaml)")
-    p.add_argument("--fit", help=f"comma-separated efficiency fields to fit (default: {','.join(CPU_FIT)})")
-    p.add_argument("--include", default="ok",
+    p.add_argument("--cluster", default=DEFAULT_CLUSTER, metavar="FILE", help=f"cluster file (default: {DEFAULT_CLUSTER})")
+    p.add_argument("--out", metavar="FILE",
+                   help="write the calibrated efficiency here (default: RESULTS_DIR/NAME/calibration.yaml)")
+    p.add_argument("--fit", metavar="FIELDS",
+                   help=f"comma-separated efficiency fields to fit (default: {','.join(CPU_FIT)})")
+    p.add_argument("--include", default="ok", metavar="STATUSES",
                    help="comma-separated ledger statuses to use (default: ok; e.g. ok,infeasible,pruned)")
 
 

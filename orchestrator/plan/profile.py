@@ -173,18 +173,24 @@ DEFAULT_CLUSTER = "search_spaces/clusters/cpu-local.yaml"
 
 
 def add_arguments(p: Any) -> None:
-    p.add_argument("--config", required=True, metavar="FILE", help="a model-backend sweep file (planner: + space:)")
-    p.add_argument("--ranks", type=int, default=2, help="local ranks to run the slices on (default: 2)")
-    p.add_argument("--layers", type=int, default=2, help="transformer layers per slice (default: 2)")
+    p.add_argument("--config", required=True, metavar="FILE",
+                   help="a sweep file with backend: model: its planner: model, job and knobs, and its space: "
+                        "micro-batch sizes and recompute kinds (e.g. search_spaces/tiny-profile.yaml)")
+    p.add_argument("--ranks", type=int, default=2, metavar="N",
+                   help="ranks to run the slices on, one Ray actor each (default: 2); the production "
+                        "tensor_parallel.size is kept when it divides N, else tp 1 (said)")
+    p.add_argument("--layers", type=int, default=2, metavar="L", help="transformer layers per slice (default: 2)")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER, metavar="FILE",
                    help=f"this machine's cluster file: peak, memory budget, priors (default: {DEFAULT_CLUSTER})")
     p.add_argument("--out", metavar="FILE", help="calibration file to write (default: results/profile/<name>.yaml)")
     p.add_argument("--shrink", type=int, default=1, metavar="F",
                    help="divide hidden, heads, ffn and vocab by F so the slice fits (the fit then does not "
                         "describe the production GEMMs)")
-    p.add_argument("--steps", type=int, default=4, help="updates per slice, the first one a warm-up (default: 4)")
+    p.add_argument("--steps", type=int, default=4, metavar="S", help="updates per slice, the first one a warm-up (default: 4)")
     p.add_argument("--ray-address", metavar="ADDR",
-                   help="run the slices on an existing Ray cluster (default: an embedded local Ray, as a sweep)")
+                   help="run the slices on an existing Ray cluster (this repository shipped as the working_dir); one "
+                        "that cannot be joined is an error (default: an embedded local Ray, as a sweep; if that "
+                        "cannot start, the trainer's local launcher, and the output says so)")
     p.add_argument("--slice-timeout-s", type=float, default=600.0, metavar="S",
                    help="seconds one slice may take before its worker group is killed (default: 600)")
     p.add_argument("--parity", action="store_true",

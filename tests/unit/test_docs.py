@@ -38,6 +38,43 @@ def test_every_config_field_has_a_docstring(root):
                          f"{docgen.FIX_COMMAND}): {missing}")
 
 
+# ---- the command line reference ------------------------------------------------------------------------
+
+def _cli_block() -> str:
+    text = (REPO / "docs" / "cli.md").read_text()
+    return text.split("<!-- fields:begin cli -->", 1)[1].split(docgen.END_MARKER, 1)[0]
+
+
+def test_cli_reference_has_every_subcommand_and_flag():
+    block = _cli_block()
+    missing = []
+    for name, _, parser in docgen.subcommands():
+        if f"### `{name}`" not in block:
+            missing.append(f"subcommand {name}")
+        missing += [f"{name} {flag}" for a in parser._actions for flag in a.option_strings
+                    if flag not in ("-h", "--help") and f"`{flag}" not in block]
+    assert not missing, f"docs/cli.md lacks {missing}; run: {docgen.FIX_COMMAND}"
+
+
+def test_a_new_subcommand_makes_the_cli_reference_stale(monkeypatch):
+    """What another branch's new subcommand does after a merge: the generated page shows it, and until the page is
+    regenerated the docs check fails."""
+    from orchestrator import __main__ as cli
+
+    def add(p):
+        p.add_argument("--log", metavar="FILE", required=True, help="the training log to read")
+        p.add_argument("--limit", type=int, default=5, help="at most this many lines")
+
+    monkeypatch.setattr(cli, "COMMANDS", [*cli.COMMANDS, cli.Command("parse-log", "read a log", "Reads a log.", add,
+                                                                     lambda a: 0)])
+    text = docgen.render_cli()
+    assert "| [`parse-log`](#parse-log) | read a log |" in text and "### `parse-log`" in text
+    assert "steptune parse-log [-h] --log FILE [--limit LIMIT]" in text
+    assert "| `--log FILE` | required: the training log to read |" in text
+    assert "| `--limit LIMIT` | at most this many lines (default: 5) |" in text
+    assert docgen.stale(REPO) == ["docs/cli.md"]
+
+
 # ---- links -------------------------------------------------------------------------------------------
 
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
