@@ -193,7 +193,8 @@ DEFAULT_CLUSTER = "search_spaces/clusters/cpu-local.yaml"
 
 def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
     """calibrate's own flags (``steptune calibrate`` adds the shared --sweep and --results-dir)."""
-    p.add_argument("--cluster", default=DEFAULT_CLUSTER, metavar="FILE", help=f"cluster file (default: {DEFAULT_CLUSTER})")
+    p.add_argument("--cluster", default=DEFAULT_CLUSTER, metavar="FILE",
+                   help=f"cluster file (default: {DEFAULT_CLUSTER})")
     p.add_argument("--out", metavar="FILE",
                    help="write the calibrated efficiency here (default: RESULTS_DIR/NAME/calibration.yaml)")
     p.add_argument("--fit", metavar="FIELDS",

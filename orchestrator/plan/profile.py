@@ -186,7 +186,8 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--shrink", type=int, default=1, metavar="F",
                    help="divide hidden, heads, ffn and vocab by F so the slice fits (the fit then does not "
                         "describe the production GEMMs)")
-    p.add_argument("--steps", type=int, default=4, metavar="S", help="updates per slice, the first one a warm-up (default: 4)")
+    p.add_argument("--steps", type=int, default=4, metavar="S",
+                   help="updates per slice, the first one a warm-up (default: 4)")
     p.add_argument("--ray-address", metavar="ADDR",
                    help="run the slices on an existing Ray cluster (this repository shipped as the working_dir); one "
                         "that cannot be joined is an error (default: an embedded local Ray, as a sweep; if that "

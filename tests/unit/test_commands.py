@@ -82,7 +82,8 @@ def test_a_path_with_a_space_is_quoted(tmp_path):
 # ---- the real printed commands, in a shell without the venv on PATH ----------------------------------------
 
 def _printed(expr: str) -> str:
-    """What a fresh `python -m orchestrator` process (the CLI as a user starts it) would print for ``expr``."""
+    """What a fresh process started as the CLI is (cwd: the repository root, PATH without the venv) prints for
+    ``expr``: the sweep's `again:` line is ``orchestrator.__main__.next_command('report', ...)``."""
     proc = subprocess.run([sys.executable, "-c", f"from orchestrator import commands; print({expr})"], cwd=ROOT,
                           env={"PATH": NO_VENV}, capture_output=True, text=True, timeout=60, check=True)
     return proc.stdout.strip()
@@ -95,10 +96,11 @@ def test_the_printed_report_command_runs_as_shown_without_the_venv(tmp_path):
     prefix = _printed("commands.steptune()")
     assert prefix != "steptune" and prefix.endswith(" -m orchestrator")
     assert os.path.join(ROOT, shlex.split(prefix)[0]) == os.path.abspath(sys.executable)  # this interpreter
-    results = tmp_path / "results"
+    results = tmp_path / "my results"  # a space: the printed line quotes it
     (results / "default").mkdir(parents=True)
     shutil.copy(FIXTURES / "ledger_v1.jsonl", results / "default" / "trials.jsonl")
-    line = f"{prefix} report --sweep default --results-dir {shlex.quote(str(results))}"
+    line = _printed(f"__import__('orchestrator.__main__').__main__.next_command('report', 'default', {str(results)!r})")
+    assert line == f"{prefix} report --sweep default --results-dir {shlex.quote(str(results))}"
     proc = subprocess.run(line, shell=True, cwd=ROOT, env={"PATH": NO_VENV}, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
