@@ -16,6 +16,7 @@ test-fast: setup
 bench: setup
 	.venv/bin/python bench/throughput_cpu.py
 
-# The field tables in docs/sweep.md and docs/trainer.md, from the config dataclasses' docstrings.
+# The field tables in docs/sweep.md and docs/trainer.md (from the config dataclasses' docstrings), docs/cli.md's
+# subcommands and flags (from the argparse parsers) and docs/architecture.md's rooms.
 docs: setup
 	.venv/bin/python -m orchestrator.docgen

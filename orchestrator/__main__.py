@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from orchestrator.commands import steptune
 
 log = logging.getLogger("orchestrator.cli")
 
@@ -63,6 +66,12 @@ def pick_ledger(args: argparse.Namespace) -> Path:
     return ledger
 
 
+def next_command(name: str, sweep: str, results_dir: str | Path) -> str:
+    """Subcommand ``name`` on sweep ``sweep``, spelled so that the shell this runs in can run it as printed."""
+    where = "" if str(results_dir) == "results" else f" --results-dir {shlex.quote(str(results_dir))}"
+    return f"{steptune()} {name} --sweep {shlex.quote(sweep)}{where}"
+
+
 # ---- the subcommands --------------------------------------------------------------------------------
 
 def _sweep_args(p: argparse.ArgumentParser) -> None:
@@ -95,7 +104,6 @@ def _sweep(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     from orchestrator.records.answer import decide
 
-    where = "" if cfg.storage.results_dir == "results" else f" --results-dir {cfg.storage.results_dir}"
     print()
     print(report.table(records, decide(records, cfg.target, cfg.winner)))
     print()
@@ -104,11 +112,12 @@ def _sweep(args: argparse.Namespace) -> int:
         print(f"sweep {cfg.name!r} finished already (search.n_trials={summary['already_finished']}); nothing ran. "
               f"To extend it, rerun with a larger budget, e.g. search.n_trials={summary['already_finished'] + 10}")
     print(f"stopped because {summary['stopped_because']}")
-    print(f"ledger: {cfg.results_dir / 'trials.jsonl'}; again: steptune report --sweep {cfg.name}{where}")
+    again = next_command("report", cfg.name, cfg.storage.results_dir)
+    print(f"ledger: {cfg.results_dir / 'trials.jsonl'}; again: {again}")
     if summary["mlflow_ui"]:
         print(f"MLflow: {summary['mlflow_ui']}")
     best = f" (trial {summary['best']['trial']})" if summary.get("best") else ""
-    print(f"export the best{best}: steptune export --sweep {cfg.name}{where}")
+    print(f"export the best{best}: {next_command('export', cfg.name, cfg.storage.results_dir)}")
     return EXIT_OK
 
 
@@ -141,7 +150,8 @@ def _report(args: argparse.Namespace) -> int:
 def _export_args(p: argparse.ArgumentParser) -> None:
     add_sweep_name(p)
     add_results_dir(p)
-    p.add_argument("--trial", type=int, metavar="N", help="Optuna trial number (default: the best)")
+    p.add_argument("--trial", type=int, metavar="N",
+                   help="Optuna trial number (default: the best, the summary's and the table's rank 1)")
     p.add_argument("--out", metavar="DIR", help="output directory (default: RESULTS_DIR/NAME/export)")
     p.add_argument("--force", action="store_true", help="export even a trial that failed parity or the target")
 

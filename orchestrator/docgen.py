@@ -1,5 +1,8 @@
 """Field tables for docs/, generated from the config dataclasses: ``python -m orchestrator.docgen [--check]``.
 
+The same for the command line: docs/cli.md's subcommands and flags are read from the argparse parsers
+(``render_cli``), the rooms' list in docs/architecture.md from the rooms' docstrings.
+
 Each documented root (the sweep file's ``SweepConfig``, the trainer's ``TrainConfig``) is walked through its
 type hints, so a section class found here is documented wherever it is defined: moving a dataclass to another
 module changes nothing. A field's meaning is its docstring (the string literal right under it, read with
@@ -242,6 +245,60 @@ def undocumented(root: Root) -> list[str]:
     return _render(root)[1]
 
 
+# ---- the command line ----------------------------------------------------------------------------
+
+USAGE_WIDTH = 110
+"""Columns of the generated usage lines (fixed: the terminal's width must not change the docs)."""
+
+
+def subcommands() -> list[tuple[str, str, argparse.ArgumentParser]]:
+    """(name, one-line help, parser) of every subcommand, as ``steptune --help`` builds them."""
+    from orchestrator.__main__ import COMMANDS, build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return [(c.name, c.help, sub.choices[c.name]) for c in COMMANDS]
+
+
+def _flag(action: argparse.Action) -> str:
+    """How a flag is written: ``--out DIR`` (aliases after it), a positional by its metavar."""
+    metavar = action.metavar or (action.dest.upper() if action.option_strings else action.dest)
+    if not action.option_strings:
+        return f"`{metavar} ...`" if action.nargs in ("*", "+") else f"`{metavar}`"
+    arg = "" if action.nargs == 0 else f" {metavar}"
+    first, *aliases = action.option_strings
+    return f"`{first}{arg}`" + "".join(f" (also `{a}`)" for a in aliases)
+
+
+def _meaning(action: argparse.Action, prog: str) -> str:
+    text = (action.help or "") % {**vars(action), "prog": prog} if "%(" in (action.help or "") else action.help or ""
+    if action.required and action.option_strings:
+        text = f"required: {text}"
+    if (action.default not in (None, False, [], argparse.SUPPRESS) and "default" not in text
+            and action.nargs != 0):
+        text += f" (default: {action.default})"
+    if action.choices:
+        text += " (one of: " + ", ".join(map(str, action.choices)) + ")"
+    return text
+
+
+def render_cli() -> str:
+    """docs/cli.md's reference: the subcommands' table, then per subcommand its usage, description and flags,
+    read from the argparse parsers themselves, so a new subcommand or flag appears here by itself."""
+    commands = subcommands()
+    out = ["| subcommand | what it does |", "| --- | --- |"]
+    out += [f"| [`{name}`](#{name}) | {_cell(text)} |" for name, text, _ in commands]
+    for name, _, parser in commands:
+        usage = argparse.HelpFormatter(parser.prog, width=USAGE_WIDTH)
+        usage.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups, prefix="")
+        out += ["", f"### `{name}`", "", "```", usage.format_help().strip(), "```", ""]
+        if parser.description:
+            out += [_squash(parser.description).replace("<", "&lt;"), ""]
+        rows = [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]
+        out += ["| flag | meaning |", "| --- | --- |"] if rows else ["No flags."]
+        out += [f"| {_cell(_flag(a))} | {_cell(_meaning(a, parser.prog))} |" for a in rows]
+    return "\n".join(out)
+
+
 # ---- the docs files ------------------------------------------------------------------------------
 
 def _block(name: str) -> re.Pattern:
@@ -253,7 +310,7 @@ def blocks() -> list[tuple[str, str, Callable[[], str]]]:
     from orchestrator import rooms
 
     return [(r.name, r.doc, lambda r=r: render(r)) for r in ROOTS] + [
-        ("rooms", "docs/architecture.md", rooms.render_table)]
+        ("rooms", "docs/architecture.md", rooms.render_table), ("cli", "docs/cli.md", render_cli)]
 
 
 def regenerate(text: str, name: str, doc: str, generate: Callable[[], str]) -> str:

@@ -4,7 +4,8 @@ Each folder's docstring opens with what the room is for, names what lives there,
 ``May import: a, b, c`` (other rooms; ``nothing of the orchestrator`` for none). That line is the one
 definition of the import direction: ``tests/unit/test_imports.py`` checks every import against it, and
 ``docgen`` renders the rooms into docs/architecture.md, so the floor plan, the rule and the docs cannot drift.
-The top-level modules (the CLI, docgen, this file) may import every room; ``units`` is a room of one module.
+The top-level modules (the CLI, docgen, this file) may import every room; ``units`` and ``commands`` are rooms of
+one module each, which every room may import.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent
 TOP_LEVEL = ("__main__", "docgen", "rooms")
 """Modules above every room: they may import anything."""
-SHARED = ("units",)
+SHARED = ("units", "commands")
 """Top-level modules every room may import (one definition each, no dependencies of their own)."""
 NONE = "nothing of the orchestrator"
 

@@ -15,9 +15,32 @@ import yaml
 
 from trainer.config import TrainConfig, apply_overrides, parse_dotlist
 
+DESCRIPTION = ("Train a GPT config and measure its updates (step time, memory, MFU), writing one result JSON. "
+               "Under torchrun this process is one rank; otherwise it starts the config's "
+               "tensor_parallel.size x parallel.pp x parallel.dp local ranks itself. docs/trainer.md has the fields.")
+"""``--help``'s text: plain words (argparse prints it as is, so no rst or markdown markup)."""
+
+
+def read_yaml(path: Path) -> object:
+    """A config file's contents; ValueError in one line naming the file for a missing or unreadable file and for
+    YAML that does not parse (a user typo, not a crash: no traceback)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"--config {path}: no such file") from None
+    except OSError as e:
+        raise ValueError(f"--config {path}: cannot read it ({e.strerror or e})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"--config {path}: not valid YAML{where}: {problem}") from None
+
 
 def load_config(path: Path | None, overrides: list[str]) -> TrainConfig:
-    base = yaml.safe_load(path.read_text()) if path else {}
+    base = read_yaml(path) if path else {}
     return TrainConfig.from_dict(apply_overrides(base or {}, parse_dotlist(overrides)))
 
 
@@ -30,12 +53,15 @@ def _summary_line(result) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", type=Path, help="trainer YAML (examples/tiny.yaml)")
-    parser.add_argument("--out", type=Path, default=Path("results/trainer_result.json"), help="result JSON path")
-    parser.add_argument("--trace-dir", type=Path, default=None,
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=DESCRIPTION)
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="trainer YAML, e.g. examples/tiny.yaml (default: the built-in defaults)")
+    parser.add_argument("--out", type=Path, default=Path("results/trainer_result.json"), metavar="FILE",
+                        help="result JSON path (default: results/trainer_result.json)")
+    parser.add_argument("--trace-dir", type=Path, default=None, metavar="DIR",
                         help="where run.profile_step traces go (default: a traces/ folder beside --out)")
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. parallel.pp=2")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="dotted overrides of the file, e.g. parallel.pp=2")
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)

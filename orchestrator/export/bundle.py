@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from orchestrator.commands import steptune
 from orchestrator.records import query as Q
 from orchestrator.records import answer as A
 from orchestrator.review.report import secs
@@ -44,7 +45,7 @@ def find_ledger(results_dir: Path, sweep: str | None = None) -> Path:
         return path
     ledgers = sorted(results_dir.glob("*/trials.jsonl"), key=lambda p: p.stat().st_mtime)
     if not ledgers:
-        raise ValueError(f"no sweep ledger under {results_dir}/ (run `python -m orchestrator sweep` first)")
+        raise ValueError(f"no sweep ledger under {results_dir}/ (run `{steptune()} sweep` first)")
     return ledgers[-1]
 
 

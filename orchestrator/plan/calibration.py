@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from orchestrator.commands import steptune
 from orchestrator.planner import Calibration, ClusterSpec, Efficiency, calibrate
 from orchestrator.planner.calibrate import BOUNDS, TRAINER_PHASES, trainer_phase_metrics
 from orchestrator.records.ledger import read_records
@@ -170,7 +171,7 @@ def write_calibration(cal: Calibration, path: str | Path, cluster_file: str | No
 def load_calibration(path: str | Path) -> Efficiency:
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path}: no such calibration file (write one with python -m orchestrator calibrate)")
+        raise ValueError(f"{path}: no such calibration file (write one with {steptune()} calibrate)")
     data = yaml.safe_load(path.read_text()) or {}
     eff = data.get("efficiency") if isinstance(data, Mapping) else None
     if not isinstance(eff, Mapping):
@@ -192,10 +193,13 @@ DEFAULT_CLUSTER = "search_spaces/clusters/cpu-local.yaml"
 
 def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
     """calibrate's own flags (``steptune calibrate`` adds the shared --sweep and --results-dir)."""
-    p.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"cluster file (default: {DEFAULT_CLUSTER})")
-    p.add_argument("--out", help="write the calibrated efficiency here (default: results/<sweep>/calibration.yaml)")
-    p.add_argument("--fit", help=f"comma-separated efficiency fields to fit (default: {','.join(CPU_FIT)})")
-    p.add_argument("--include", default="ok",
+    p.add_argument("--cluster", default=DEFAULT_CLUSTER, metavar="FILE",
+                   help=f"cluster file (default: {DEFAULT_CLUSTER})")
+    p.add_argument("--out", metavar="FILE",
+                   help="write the calibrated efficiency here (default: RESULTS_DIR/NAME/calibration.yaml)")
+    p.add_argument("--fit", metavar="FIELDS",
+                   help=f"comma-separated efficiency fields to fit (default: {','.join(CPU_FIT)})")
+    p.add_argument("--include", default="ok", metavar="STATUSES",
                    help="comma-separated ledger statuses to use (default: ok; e.g. ok,infeasible,pruned)")
 
 

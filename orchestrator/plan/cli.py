@@ -30,7 +30,8 @@ DEFAULT_CONFIG = "search_spaces/preset-500b.yaml"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"sweep file with backend: model (default: {DEFAULT_CONFIG})")
+    p.add_argument("--config", default=DEFAULT_CONFIG, metavar="FILE",
+                   help=f"sweep file with backend: model (default: {DEFAULT_CONFIG})")
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="knobs on top of the baseline, or planner.<section>.<field>=value")

@@ -262,16 +262,20 @@ def cluster_file(base: dict, fits: dict[str, TierFit], when: str, command: str) 
 
 def add_arguments(p) -> None:
     p.add_argument("files", nargs="*", metavar="[COLLECTIVE=]FILE",
-                   help="nccl-tests output (all_reduce_perf, reduce_scatter_perf, all_gather_perf, sendrecv_perf); "
-                        "the collective is read from the output or the file name, or given as COLLECTIVE=FILE")
-    p.add_argument("--base", required=True, help="the cluster file whose network fields are replaced "
-                   "(e.g. search_spaces/clusters/h100-sxm.yaml)")
-    p.add_argument("--out", required=True, help="the cluster file to write (nothing is written on an error)")
+                   help="the standard output of nccl-tests' all_reduce_perf, reduce_scatter_perf, all_gather_perf or "
+                        "sendrecv_perf; the collective is read from the output's '# Collective test starting' line "
+                        "or the file name, or given as COLLECTIVE=FILE")
+    p.add_argument("--base", required=True, metavar="FILE",
+                   help="the cluster file whose network fields are replaced, everything else kept "
+                        "(e.g. search_spaces/clusters/h100-sxm.yaml)")
+    p.add_argument("--out", required=True, metavar="FILE",
+                   help="the cluster file to write; a malformed or truncated input writes nothing and names the "
+                        "file and line")
     p.add_argument("--measure", type=int, default=0, metavar="N",
                    help="first measure N local ranks with python -m trainer.netbench (gloo on CPU) and fit those "
-                        "tables too; they are saved beside --out")
-    p.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter",
-                   help="collectives for --measure, comma-separated")
+                        "tables with the files given; they are saved beside --out")
+    p.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter", metavar="OPS",
+                   help="the collectives --measure runs, comma-separated")
 
 
 def _split(arg: str) -> tuple[str | None, str]:

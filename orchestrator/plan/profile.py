@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from orchestrator.commands import steptune
 from orchestrator.plan.slices import Slice, SlicePlan, derive_slices, memory_refusal
 from orchestrator.planner import Calibration, ClusterSpec, Efficiency, calibrate
 
@@ -171,18 +173,25 @@ DEFAULT_CLUSTER = "search_spaces/clusters/cpu-local.yaml"
 
 
 def add_arguments(p: Any) -> None:
-    p.add_argument("--config", required=True, metavar="FILE", help="a model-backend sweep file (planner: + space:)")
-    p.add_argument("--ranks", type=int, default=2, help="local ranks to run the slices on (default: 2)")
-    p.add_argument("--layers", type=int, default=2, help="transformer layers per slice (default: 2)")
+    p.add_argument("--config", required=True, metavar="FILE",
+                   help="a sweep file with backend: model: its planner: model, job and knobs, and its space: "
+                        "micro-batch sizes and recompute kinds (e.g. search_spaces/tiny-profile.yaml)")
+    p.add_argument("--ranks", type=int, default=2, metavar="N",
+                   help="ranks to run the slices on, one Ray actor each (default: 2); the production "
+                        "tensor_parallel.size is kept when it divides N, else tp 1 (said)")
+    p.add_argument("--layers", type=int, default=2, metavar="L", help="transformer layers per slice (default: 2)")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER, metavar="FILE",
                    help=f"this machine's cluster file: peak, memory budget, priors (default: {DEFAULT_CLUSTER})")
     p.add_argument("--out", metavar="FILE", help="calibration file to write (default: results/profile/<name>.yaml)")
     p.add_argument("--shrink", type=int, default=1, metavar="F",
                    help="divide hidden, heads, ffn and vocab by F so the slice fits (the fit then does not "
                         "describe the production GEMMs)")
-    p.add_argument("--steps", type=int, default=4, help="updates per slice, the first one a warm-up (default: 4)")
+    p.add_argument("--steps", type=int, default=4, metavar="S",
+                   help="updates per slice, the first one a warm-up (default: 4)")
     p.add_argument("--ray-address", metavar="ADDR",
-                   help="run the slices on an existing Ray cluster (default: an embedded local Ray, as a sweep)")
+                   help="run the slices on an existing Ray cluster (this repository shipped as the working_dir); one "
+                        "that cannot be joined is an error (default: an embedded local Ray, as a sweep; if that "
+                        "cannot start, the trainer's local launcher, and the output says so)")
     p.add_argument("--slice-timeout-s", type=float, default=600.0, metavar="S",
                    help="seconds one slice may take before its worker group is killed (default: 600)")
     p.add_argument("--parity", action="store_true",
@@ -296,5 +305,5 @@ def run(args: Any, runner: SliceRunner | None = None) -> int:
     print()
     print("fitted: " + ", ".join(f"{k} = {v:.4g}" for k, v in cal.fitted.items()))
     print(f"wrote {out} (basis: measured{', shrunk: not the production GEMMs' if args.shrink > 1 else ''}); use it:")
-    print(f"  steptune plan --config {path} planner.calibration_file={out}")
+    print(f"  {steptune()} plan --config {shlex.quote(str(path))} {shlex.quote(f'planner.calibration_file={out}')}")
     return 0 if not failed else 1

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from orchestrator.commands import steptune
 from orchestrator.plan.netcal import BW_EFFICIENCY, TIER_FIELDS
 
 FILE_KEYS = ("cluster_file", "calibration_file")
@@ -90,7 +91,7 @@ def resolve(planner: Mapping[str, Any], base_dir: Path | None = None) -> tuple[d
         data = _load(path, "calibration_file")
         if not isinstance(data.get("efficiency"), Mapping):
             raise ValueError(f"planner.calibration_file: {path}: expected an efficiency: section "
-                             f"(write one with steptune calibrate)")
+                             f"(write one with {steptune()} calibrate)")
         out["efficiency"] = {**data["efficiency"], "basis": "fitted", "basis_note": f"calibration file {path.name}"}
     if measured_eff:  # last, so a calibration's fitted bandwidth efficiencies do not undo a measured network
         out["efficiency"] = {**(out.get("efficiency") or {}), **{e: 1.0 for e in measured_eff}}

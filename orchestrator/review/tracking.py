@@ -21,6 +21,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from orchestrator import commands
 from orchestrator.records import answer as A
 from orchestrator.search.target import Target
 from orchestrator.review import plots as sweep_plots
@@ -258,10 +259,10 @@ class Tracker:
         uri = self.tracking_uri
         if uri.startswith(("http://", "https://")):
             return f"open {uri} in a browser (the tracking server serves the UI)"
-        cmd = ["mlflow", "ui", "--backend-store-uri", f"sqlite:///{self._db}" if self._db is not None else uri]
+        cmd = ["ui", "--backend-store-uri", f"sqlite:///{self._db}" if self._db is not None else uri]
         if self.artifact_root is not None:
             cmd += ["--default-artifact-root", self.artifact_root.as_uri()]
-        return shlex.join(cmd)
+        return f"{commands.mlflow()} {shlex.join(cmd)}"
 
     def view_url(self, base: str = "http://127.0.0.1:5000") -> str:
         """The experiment's page in the UI's "Model training" view (MLflow 3.x otherwise opens its GenAI view)."""

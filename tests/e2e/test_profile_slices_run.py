@@ -15,28 +15,13 @@ from orchestrator.plan.calibration import load_calibration
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
-SWEEP = {
-    "name": "tiny-profile", "backend": "model",
-    "planner": {
-        "cluster": {"name": "tiny", "num_gpus": 4, "gpus_per_node": 4, "peak_tflops": 0.162, "hbm_gb": 8},
-        # A few-MB model: 2 layers of d 128 (0.4M parameters each), vocabulary 512.
-        "model": {"num_layers": 8, "hidden_size": 128, "num_heads": 4, "ffn_hidden_size": 512, "vocab_size": 512,
-                  "linear_biases": False, "position_embeddings": 128},
-        "job": {"seq_len": 128, "precision": "fp32"},
-        "parallel": {"pp": 2, "dp": 1},
-        "tensor_parallel": {"size": 2, "sequence_parallel": True},
-        "batch": {"global_batch": 16, "micro_batch_size": 1},
-        "recompute": {"kind": "none"},
-    },
-    "space": {"params": {"batch.micro_batch_size": {"type": "categorical", "choices": [1, 2, 4]},
-                         "recompute.kind": {"type": "categorical", "choices": ["none", "full"]}}},
-}
+TINY = ROOT / "search_spaces" / "tiny-profile.yaml"
+"""The file docs/planner.md's standalone command profiles: a few-MB model, tp 2, micro-batch 1/2/4, recompute."""
 
 
 @pytest.mark.timeout(120)
 def test_profile_runs_the_slices_on_ray_and_writes_a_measured_calibration_plan_uses(ray_address, tmp_path, capsys):
-    config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump(SWEEP))
+    config = TINY
     out = tmp_path / "tiny-cal.yaml"
     assert main(["profile", "--config", str(config), "--out", str(out), "--ranks", "2", "--layers", "2",
                  "--steps", "3", "--cluster", str(ROOT / "search_spaces" / "clusters" / "cpu-local.yaml")]) == 0
@@ -70,8 +55,7 @@ def test_netcal_then_profile_then_plan_on_this_machine(ray_address, tmp_path, ca
     """The three commands a team runs (docs/planner.md), end to end on CPU: measure the network (gloo tables in
     nccl-tests' format) into a cluster file, profile the layer shape against that cluster file, and predict the
     job with both files; the prediction says what is measured and which efficiency set it used."""
-    config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump(SWEEP))
+    config = TINY
     cluster, cal = tmp_path / "measured-cluster.yaml", tmp_path / "measured-cal.yaml"
     assert main(["netcal", "--measure", "2", "--ops", "all_reduce,all_gather", "--out", str(cluster),
                  "--base", str(ROOT / "search_spaces" / "clusters" / "cpu-local.yaml")]) == 0

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from orchestrator import commands
 from orchestrator.records import winner
 from orchestrator.records.record import Metrics, TrialRecord
 from orchestrator.review.tracking import Tracker, tracking_uri_for
@@ -219,7 +220,7 @@ def test_ui_command_is_absolute(store, monkeypatch):
     tracker = Tracker("sqlite:///results/mlflow.db", "ui-test")  # relative: resolved against the cwd
     monkeypatch.chdir("/")
     db = (results / "mlflow.db").resolve()
-    assert tracker.ui_command() == (f"mlflow ui --backend-store-uri sqlite:///{db} "
+    assert tracker.ui_command() == (f"{commands.mlflow()} ui --backend-store-uri sqlite:///{db} "
                                     f"--default-artifact-root {(results / 'mlartifacts').resolve().as_uri()}")
     assert tracker.client.get_experiment(tracker.experiment_id).artifact_location.startswith(
         (results / "mlartifacts").resolve().as_uri())

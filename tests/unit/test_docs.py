@@ -38,6 +38,43 @@ def test_every_config_field_has_a_docstring(root):
                          f"{docgen.FIX_COMMAND}): {missing}")
 
 
+# ---- the command line reference ------------------------------------------------------------------------
+
+def _cli_block() -> str:
+    text = (REPO / "docs" / "cli.md").read_text()
+    return text.split("<!-- fields:begin cli -->", 1)[1].split(docgen.END_MARKER, 1)[0]
+
+
+def test_cli_reference_has_every_subcommand_and_flag():
+    block = _cli_block()
+    missing = []
+    for name, _, parser in docgen.subcommands():
+        if f"### `{name}`" not in block:
+            missing.append(f"subcommand {name}")
+        missing += [f"{name} {flag}" for a in parser._actions for flag in a.option_strings
+                    if flag not in ("-h", "--help") and f"`{flag}" not in block]
+    assert not missing, f"docs/cli.md lacks {missing}; run: {docgen.FIX_COMMAND}"
+
+
+def test_a_new_subcommand_makes_the_cli_reference_stale(monkeypatch):
+    """What another branch's new subcommand does after a merge: the generated page shows it, and until the page is
+    regenerated the docs check fails."""
+    from orchestrator import __main__ as cli
+
+    def add(p):
+        p.add_argument("--log", metavar="FILE", required=True, help="the training log to read")
+        p.add_argument("--limit", type=int, default=5, help="at most this many lines")
+
+    monkeypatch.setattr(cli, "COMMANDS", [*cli.COMMANDS, cli.Command("parse-log", "read a log", "Reads a log.", add,
+                                                                     lambda a: 0)])
+    text = docgen.render_cli()
+    assert "| [`parse-log`](#parse-log) | read a log |" in text and "### `parse-log`" in text
+    assert "steptune parse-log [-h] --log FILE [--limit LIMIT]" in text
+    assert "| `--log FILE` | required: the training log to read |" in text
+    assert "| `--limit LIMIT` | at most this many lines (default: 5) |" in text
+    assert docgen.stale(REPO) == ["docs/cli.md"]
+
+
 # ---- links -------------------------------------------------------------------------------------------
 
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -89,6 +126,39 @@ def test_every_code_path_the_docs_name_exists():
             if not (REPO / m.group(1)).exists():
                 missing.append(f"{doc.relative_to(REPO)}: {m.group(1)}")
     assert not missing, "paths named in the docs that do not exist:\n" + "\n".join(missing)
+
+
+CONFIG_ARG = re.compile(r"--config[= ]+([^\s`|)\]:,;]+)")
+USERS_OWN = re.compile(r"(^|/)my[-\w]*\.yaml$")
+"""A file the reader writes (``my.yaml``, ``search_spaces/my.yaml``, ``my-model.yaml``): not shipped."""
+NOT_SHIPPED = {
+    "trainer.yaml": "steptune export writes it; docs/export.md runs it from the export folder",
+    "results/winner/trainer.yaml": "the README's `export --out results/winner` right above writes it",
+    "missing.yaml": "docs/trainer.md's example of the one line a missing --config file gets",
+}
+"""Paths the docs name on purpose without shipping them, each with the reason."""
+
+
+def config_args(text: str) -> list[str]:
+    """Every ``--config PATH`` a page names, placeholders (``FILE``) left out."""
+    return [p for p in CONFIG_ARG.findall(text) if not p.isupper()]
+
+
+def test_every_config_file_the_docs_run_exists():
+    """A command a page shows with ``--config PATH`` runs as written from the repository root: the file ships."""
+    missing = []
+    for doc in _docs():
+        for path in config_args(doc.read_text()):
+            if not (REPO / path).is_file() and not USERS_OWN.search(path) and path not in NOT_SHIPPED:
+                missing.append(f"{doc.relative_to(REPO)}: --config {path}")
+    assert not missing, ("files the docs pass to --config that do not exist (ship them, e.g. under search_spaces/, "
+                         "or name the right path):\n" + "\n".join(missing))
+
+
+def test_config_args_sees_a_missing_file():
+    assert config_args("`steptune profile --config tiny.yaml --ranks 2`, `--config FILE`") == ["tiny.yaml"]
+    assert config_args("| `--config search_spaces/x.yaml` |") == ["search_spaces/x.yaml"]
+    assert not (REPO / "tiny.yaml").exists() and not USERS_OWN.search("tiny.yaml")
 
 
 def test_pending_docs_are_really_pending():

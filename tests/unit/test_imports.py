@@ -141,7 +141,7 @@ def test_rooms_rule_sees_an_import_against_it():
              "orchestrator.units": {"orchestrator.parity.verdict"},
              "orchestrator.__main__": {"orchestrator.sweep.loop"}}
     assert violations(graph, rule) == [
-        "orchestrator.records.ledger -> orchestrator.sweep.loop (room records may import: parity, units)",
+        "orchestrator.records.ledger -> orchestrator.sweep.loop (room records may import: commands, parity, units)",
         "orchestrator.units -> orchestrator.parity.verdict (room units may import: nothing of the orchestrator)"]
 
 
