@@ -248,8 +248,9 @@ def _ray_slices(address: str | None, timeout_s: float):
 
 COMMANDS: list[Command] = [
     Command("sweep", "run or resume a sweep",
-            "Run (or resume) the sweep a file describes: a baseline, then trials until the target is met and "
-            "confirmed, the budget is spent or the wall time is up. Rerun the same command to resume.",
+            "Run (or resume) the sweep a file describes: a baseline, then trials until settling rounds find the "
+            "target met, the budget is spent or the wall time is up; then the answer is settled in interleaved "
+            "rounds. Rerun the same command to resume; a finished sweep prints its answer and runs nothing.",
             _sweep_args, _sweep),
     Command("report", "print a sweep's table and summary from its ledger",
             "Print the ranked table and the summary of a sweep again, from its ledger alone.", _report_args, _report),
