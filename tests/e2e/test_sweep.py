@@ -302,50 +302,45 @@ class _DiesAfter:
 
 
 @pytest.mark.timeout(120)
-def test_a_met_target_is_confirmed_and_stops_the_sweep(ray_address, sweep_file):
-    cfg = load_sweep(sweep_file(), ["search.n_trials=8", "target.step_time_s=30", "confirm.repeats=1"])
+def test_a_met_target_is_settled_and_a_finished_sweep_stays_finished(ray_address, sweep_file):
+    cfg = load_sweep(sweep_file(), ["search.n_trials=8", "target.step_time_s=30", "winner.max_rounds=3"])
     summary, lines = run_sweep(cfg)
-    assert [(r.kind, r.trial, r.meets_target) for r in lines] == [
-        ("canonical", 0, False), ("baseline", 0, True), ("confirm", 0, True)]  # a reference run is no candidate
-    lines = lines[1:]
-    assert lines[1].repeat == 1 and lines[1].parity.passed
-    assert summary["target_met"] and summary["best"]["trial"] == 0 and summary["best"]["runs"] == 2
-    assert summary["stopped_because"] == (f"trial 0 met the target, passed parity and was confirmed "
-                                          f"({summary['best']['describe']} <= 30.000 s)")
-    again, lines = run_sweep(cfg)  # rerunning a finished sweep measures nothing more
-    assert len(lines) == 3 and again["stopped_because"] == "the target was already met and confirmed"
-    # With search.min_trials the met target does not end the search before that many trials are finished.
-    more, lines = run_sweep(load_sweep(sweep_file(), ["search.n_trials=8", "target.step_time_s=30",
-                                                      "confirm.repeats=1", "search.min_trials=3"]))
-    assert len([r for r in lines if r.kind in ("baseline", "trial")]) == 3 and more["target_met"]
-    assert more["stopped_because"] == "the target was already met and confirmed (after search.min_trials=3)"
+    # The baseline's own run meets a 30 s target: the target check settles it met (one run, far under it).
+    assert [(r.kind, r.trial) for r in lines] == [("canonical", 0), ("baseline", 0)]
+    assert summary["target_verdict"] == "met" and summary["best"]["trial"] == 0
+    assert summary["stopped_because"].startswith("settling rounds found the target met: trial 0")
+    assert (cfg.results_dir / "run.json").is_file()
+    again, more = run_sweep(cfg)  # rerunning a finished sweep runs nothing and names the same answer
+    assert len(more) == len(lines) and again["already_finished"] == 8
+    assert again["best"]["trial"] == 0 and again["stopped_because"] == summary["stopped_because"]
 
 
-def test_the_winner_is_settled_by_real_re_measurements_of_an_overlapping_top(ray_address, sweep_file):
-    # Three configs of the tiny model, each run once; with single runs assumed to vary by 200% their intervals
-    # overlap, so the rule re-runs the top (for real, on the warm group) before naming a winner.
+def test_the_winner_is_settled_by_real_interleaved_rounds(ray_address, sweep_file):
+    # Three configs of the tiny model, each run once; with single runs assumed to vary by 200% they cannot be
+    # told apart, so rounds of the baseline and the top run (for real, on the warm group) before the answer.
     space = {"params": {"data_parallel.bucket_mb": {"type": "categorical", "choices": [0.02, 50.0, 100.0]}}}
     cfg = load_sweep(sweep_file(space=space, baseline={"parallel.pp": 1, "batch.micro_batch_size": 2},
                                 enqueue=[{"data_parallel.bucket_mb": 50.0}, {"data_parallel.bucket_mb": 100.0}]),
-                     ["search.n_trials=3", "winner.max_repeats=4", "winner.min_runs=2",
-                      "winner.single_run_spread=2.0"])
+                     ["search.n_trials=3", "winner.max_rounds=2", "winner.min_rounds=2",
+                      "winner.single_run_spread=1.9"])
     summary, lines = run_sweep(cfg)
     repeats = [r for r in lines if r.kind == "repeat"]
-    assert 1 <= len(repeats) <= 4
-    assert all(r.status == "ok" and r.parity.passed and r.result is not None for r in repeats)
-    top = {r.trial for r in lines if r.kind in ("baseline", "trial")}
-    assert {r.trial for r in repeats} <= top and [r.repeat for r in repeats if r.trial == repeats[0].trial][0] == 1
-    w = summary["best"]
-    assert w["repeats_run"] == len(repeats) and (w["remeasure_trials"] == [] or len(repeats) == 4)
+    assert {r.round for r in repeats} == {1, 2}
+    for k in (1, 2):  # every round holds the baseline (trial 0) and at least one contender, once each
+        trials = [r.trial for r in repeats if r.round == k]
+        assert trials.count(0) == 1 and len(trials) == len(set(trials)) >= 2
+    assert all(r.status == "ok" and r.parity.passed and r.result is not None and r.load_1m is not None
+               for r in repeats)
+    assert summary["answer"]["rounds"] == 2 and summary["baseline_runs"] == 3
     assert Ledger(cfg.results_dir / "trials.jsonl").read() == lines
-    again, more = run_sweep(cfg)  # a settled (or budget-spent) winner: a rerun measures nothing more
+    again, more = run_sweep(cfg)  # finished: a rerun measures nothing more
     assert len(more) == len(lines)
 
 
 @pytest.mark.timeout(240)
 def test_report_export_and_mlflow_name_one_answer(ray_address, sweep_file, capsys):
-    """A real sweep whose top is re-measured: the summary's best, the table's rank 1 (and its * mark), the
-    default export and the MLflow parent's best_step_time_s name one trial, by one figure."""
+    """A real sweep settled in rounds: the summary's best, the table's rank 1 (and its * mark), the default
+    export, the MLflow parent's tags and description and its children (one per ledger line) name one answer."""
     from mlflow.tracking import MlflowClient
 
     from orchestrator.__main__ import main
@@ -353,8 +348,9 @@ def test_report_export_and_mlflow_name_one_answer(ray_address, sweep_file, capsy
     space = {"params": {"data_parallel.bucket_mb": {"type": "categorical", "choices": [0.02, 50.0, 100.0]}}}
     cfg = load_sweep(sweep_file(space=space, baseline={"parallel.pp": 1, "batch.micro_batch_size": 2},
                                 enqueue=[{"data_parallel.bucket_mb": 50.0}, {"data_parallel.bucket_mb": 100.0}]),
-                     ["search.n_trials=3", "winner.max_repeats=3", "winner.min_runs=2", "winner.single_run_spread=2.0",
-                      "tracking.enabled=true", "target.step_time_s=10", "confirm.repeats=0", "search.min_trials=3"])
+                     ["search.n_trials=3", "winner.max_rounds=2", "winner.min_rounds=2",
+                      "winner.single_run_spread=1.9", "tracking.enabled=true", "target.step_time_s=10",
+                      "search.min_trials=3"])
     summary, lines = run_sweep(cfg)
     best = summary["best"]
     assert any(r.kind == "repeat" for r in lines) and summary["target_met"]
@@ -364,20 +360,25 @@ def test_report_export_and_mlflow_name_one_answer(ray_address, sweep_file, capsy
     out = capsys.readouterr().out
     assert f"best (trial {best['trial']}): {best['describe']}" in out
     assert f"target met: trial {best['trial']}, {best['describe']} <= 10.000 s" in out
-    assert "noise-aware winner" not in out
-    rank1 = next(line for line in out.splitlines() if line.startswith("1 "))
+    rank1 = next(line for line in out.splitlines() if line.startswith("1 ") or line.startswith("1= "))
     assert rank1.split()[1] == str(best["trial"]) and f"({best['runs']})" in rank1 and "ok *" in rank1
     assert main(["export", "--sweep", "t", "--results", results]) == 0
     summary_md = next(Path(p) for p in capsys.readouterr().out.split() if p.endswith("summary.md")).read_text()
     assert summary_md.startswith(f"# steptune export: sweep `t`, trial {best['trial']} ")
     assert f"(the sweep's best), by {best['describe']}" in summary_md
     client = MlflowClient(cfg.mlflow_uri)
-    parent = client.search_runs([client.get_experiment_by_name("steptune").experiment_id],
-                                "tags.\"steptune.role\" = 'parent'")[0]
+    exp = client.get_experiment_by_name("steptune").experiment_id
+    parent = client.search_runs([exp], "tags.\"steptune.role\" = 'parent'")[0]
     assert parent.data.metrics["best_step_time_s"] == pytest.approx(best["step_time_s"])
     assert parent.data.tags["steptune.best_trial"] == str(best["trial"])
+    assert parent.data.tags["steptune.target_verdict"] == "met"
+    assert f"best (trial {best['trial']})" in parent.data.tags["mlflow.note.content"]
     assert f"best (trial {best['trial']})" in Path(client.download_artifacts(
         parent.info.run_id, "summary.md")).read_text()
+    children = client.search_runs([exp], f"tags.\"mlflow.parentRunId\" = '{parent.info.run_id}'")
+    assert len(children) == len(lines)  # every ledger line, each settling run included
+    assert {c.data.tags.get("steptune.round") for c in children if c.data.tags["steptune.kind"] == "repeat"} == \
+        {"1", "2"}
 
 
 @pytest.mark.timeout(120)
