@@ -155,7 +155,7 @@ class Tracker:
         for i, r in enumerate(records):  # ledger order is finishing order: the best as it was when each line landed
             if r.kind not in (Kind.BASELINE, Kind.TRIAL):
                 continue
-            best = A.decide(records[:i + 1], Target()).winner
+            best = A.decide(records[:i + 1], Target()).leader
             points += [p for p in progress_points(r, best.step_time_s if best else None) if p[1] not in have[p[0]]]
         if points:
             self._log(parent_run_id, {}, {}, {}, points)
@@ -238,13 +238,14 @@ class Tracker:
             tags["steptune.target_verdict"] = str(summary.get("target_verdict"))
             tags["steptune.tie_trials"] = ",".join(str(t["trial"]) for t in answer.get("ties") or [])
             tags["steptune.settling_rounds"] = str(answer.get("rounds", 0))
-            numeric["best_ratio_vs_baseline"] = float(best["ratio"])
+            tags["steptune.best_ratio_vs_baseline"] = f"{best['ratio']:.4f}" if best.get("ratio") else "none"
+        # Tags, not metrics: every parent metric is a chart, and its chart view is the sweep converging.
         noise = answer.get("noise") or {}
         for k in ("baseline_spread", "remeasured_spread", "paired_spread", "load_median"):
             if isinstance(noise.get(k), (int, float)):
-                numeric[f"noise.{k}"] = float(noise[k])
+                tags[f"steptune.noise.{k}"] = f"{noise[k]:.4f}"
         if isinstance(summary.get("duty_cycle"), (int, float)):
-            numeric["duty_cycle"] = float(summary["duty_cycle"])
+            tags["steptune.duty_cycle"] = f"{summary['duty_cycle']:.3f}"
         tags["mlflow.note.content"] = description(name, summary)
         self._log(parent_run_id, numeric, {}, tags, final)
         for run in self._children(parent_run_id, "") if meets_by_trial is not None else []:

@@ -77,9 +77,10 @@ class Recorder:
 
     @property
     def best_s(self) -> float | None:
-        """The answer's winner's figure so far: what pruning and the progress line use."""
-        win = self.answer().winner
-        return win.step_time_s if win else None
+        """The lowest figure so far (the answer's leader; its winner may be another member of a tie): what pruning
+        compares a probe with."""
+        lead = self.answer().leader
+        return lead.step_time_s if lead else None
 
     # ---- MLflow -------------------------------------------------------------------------------
 
@@ -145,7 +146,9 @@ class Recorder:
         # MLflow synchronously, between trials: in the background it would take CPU from the ranks being measured.
         answer = self.answer()
         best = answer.winner
-        self.track("log_trial", record, best.step_time_s if best else None)
+        # The parent's history plots the lowest figure so far (monotone while the search runs); the answer's own
+        # figure is its last point (finish_sweep).
+        self.track("log_trial", record, answer.leader.step_time_s if answer.leader else None)
         if best is not None and best.trial != self.best_trial:  # a re-measurement can hand the lead to another
             self.track("log_best", best.record)
             self.best_trial = best.trial

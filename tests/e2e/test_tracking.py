@@ -13,7 +13,9 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from orchestrator import commands
-from orchestrator.records import winner
+from orchestrator.records import answer as A
+from orchestrator.review import report
+from orchestrator.search.target import Target
 from orchestrator.records.record import Metrics, TrialRecord
 from orchestrator.review.tracking import Tracker, tracking_uri_for
 from trainer.config import TrainConfig, apply_overrides, flatten
@@ -77,7 +79,7 @@ def log_ledger(tracker, parent: str, records: list[TrialRecord]) -> list[str]:
     """Log each line as the sweep's recorder does: with the best config's figure once it is counted."""
     ids = []
     for i, r in enumerate(records):
-        best = winner.best(records[:i + 1])
+        best = A.decide(records[:i + 1], Target()).leader
         ids.append(tracker.log_trial(parent, r, best.step_time_s if best else None))
     return ids
 
@@ -119,8 +121,9 @@ def test_sweep_parent_children_params_metrics_artifacts(store, tmp_path):
     dist = {"parallel.dp": optuna.distributions.IntDistribution(1, 2)}
     for value, dp in ((0.10, 1), (0.055, 2), (0.045, 1), (0.07, 2)):
         study.add_trial(optuna.trial.create_trial(params={"parallel.dp": dp}, distributions=dist, value=value))
-    best = winner.summary(records)  # trial 1: 55 and 56 ms, the median of its trial and confirm runs
-    again.finish_sweep(parent, {"best": best, "n_trials": 5}, study, "the table\n")
+    summary = report.summarize(records, Target(step_time_s=0.06))
+    best = summary["best"]  # trial 1: 55 and 56 ms, the median of its trial and confirm runs
+    again.finish_sweep(parent, summary, study, "the table\n", {"1": True, "0": False})
 
     client = MlflowClient(tracking_uri_for(results))
     p = client.get_run(parent)
