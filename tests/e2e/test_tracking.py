@@ -66,7 +66,7 @@ def make_record(trial, kind, step_time=0.05, status="ok", parity=True, backend="
     metrics = {"step_time_s": step_time, "tokens_per_s": 512 / step_time, "mfu": 0.1, "hfu": 0.12,
                "peak_memory_bytes": 6 * 2 ** 20, "speedup_vs_baseline": 0.1 / step_time} if measured else {}
     return TrialRecord.from_line({
-            "sweep": sweep, "trial": trial, "kind": kind, "backend": backend, "repeat": 1 if kind == "confirm" else None,
+            "sweep": sweep, "trial": trial, "kind": kind, "backend": backend, "repeat": 1 if kind in ("confirm", "repeat") else None,
             "params": {k.replace("__", "."): v for k, v in overrides.items()}, "config": config, "status": status,
             "reason": None if ok else ("parity: loss differs from the baseline at step 1" if measured
                                        else "RankFailed: rank 1: CUDA out of memory"), "result": result,

@@ -123,6 +123,30 @@ def test_reconcile_logs_what_a_killed_driver_missed_once(store):
     assert len(again.client.get_metric_history(parent, "best_step_time_s")) == 5
 
 
+def test_every_settling_run_is_its_own_child_and_a_resume_reconciles_them(store):
+    """Issue 26 item 4: repeats of one trial (settling rounds) were all logged as its first repeat."""
+    _, tracker = store
+    lines = [make_record(0, "baseline", 0.10), make_record(1, "trial", 0.05, parallel__dp=2)]
+    for k in (1, 2, 3):
+        base = dataclasses.replace(make_record(0, "repeat", 0.10 + 0.001 * k), repeat=k, round=k)
+        mine = dataclasses.replace(make_record(1, "repeat", 0.05 + 0.001 * k, parallel__dp=2), repeat=k, round=k)
+        lines += [base, mine]
+    parent = tracker.start_sweep("rounds", {}, 0.06)
+    log_ledger(tracker, parent, lines[:4])  # ... the driver dies after round 1
+    again = Tracker(tracker.tracking_uri, "steptune-review")
+    assert again.start_sweep("rounds", {}, 0.06) == parent
+    assert again.reconcile(parent, lines) == len(lines) - 4
+    runs = _children(again.client, parent)
+    assert len(runs) == len(lines)  # one child per ledger line
+    rounds = sorted((r.data.tags["steptune.trial"], r.data.tags["steptune.round"]) for r in runs
+                    if r.data.tags["steptune.kind"] == "repeat")
+    assert rounds == [(t, str(k)) for t in ("0", "1") for k in (1, 2, 3)]
+    names = {r.info.run_name.split(" ")[0] + " " + r.info.run_name.split(" ")[1] for r in runs
+             if r.data.tags["steptune.kind"] == "repeat"}
+    assert names == {f"t{t} r{k}" for t in (0, 1) for k in (1, 2, 3)}
+    assert Tracker(tracker.tracking_uri, "steptune-review").reconcile(parent, lines) == 0
+
+
 def test_a_stopped_sweep_ends_its_parent_with_the_reason(store):
     _, tracker = store
     parent = tracker.start_sweep("stopped", {}, None)
