@@ -108,6 +108,13 @@ def table(records: list[TrialRecord], answer: A.Answer | None = None, limit: int
     return "\n".join(lines)
 
 
+def by_trial(records: list[TrialRecord], answer: A.Answer) -> dict[str, tuple[bool, int | None]]:
+    """Trial number -> (its config's figure meets the target, its config's rank in the answer): what each MLflow
+    child is tagged with at the end of the sweep."""
+    place = {c.key: i + 1 for i, c in enumerate(answer.ranked)}
+    return {str(r.trial): (answer.meets(r.params), place.get(A.key_of(r.params))) for r in Q.measured(records)}
+
+
 def answer_dict(answer: A.Answer) -> dict[str, Any]:
     """The answer as JSON (summary.json, ``best``): what every reader of a summary dict renders."""
     def one(c: A.ConfigFigure) -> dict[str, Any]:

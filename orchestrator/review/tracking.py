@@ -14,6 +14,7 @@ import json
 import shlex
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -200,10 +201,11 @@ class Tracker:
         self._log(parent_run_id, {}, {}, tags)
 
     def finish_sweep(self, parent_run_id: str, summary: dict[str, Any], study: Any, table_text: str,
-                     meets_by_trial: dict[str, bool] | None = None) -> None:
+                     by_trial: dict[str, tuple[bool, int | None]] | None = None) -> None:
         """Final pictures, table and summary on the parent, which is then marked FINISHED. The parent's tags and
-        description and each child's ``steptune.meets_target`` render the final answer (``summary['answer']``;
-        ``meets_by_trial``: trial number -> its config's figure meets the target)."""
+        description and each child's ``steptune.meets_target`` and ``steptune.answer_rank`` render the final
+        answer (``summary['answer']``; ``by_trial``: trial number -> (its config's figure meets the target, its
+        config's rank in the answer, 1 = the winner; None: not ranked))."""
         numeric = {}  # the final numbers are in summary.md / summary.json: a metric each would be a chart each
         # A relative target is only known once the baseline is measured: prefer the summary's.
         target = summary.get("target_s")
@@ -248,11 +250,13 @@ class Tracker:
             tags["steptune.duty_cycle"] = f"{summary['duty_cycle']:.3f}"
         tags["mlflow.note.content"] = description(name, summary)
         self._log(parent_run_id, numeric, {}, tags, final)
-        for run in self._children(parent_run_id, "") if meets_by_trial is not None else []:
-            want = flag(meets_by_trial.get(run.data.tags.get("steptune.trial", ""), False)
-                        and run.data.tags.get("steptune.kind") != "canonical")
-            if run.data.tags.get("steptune.meets_target") != want:  # the answer's verdict, not the run's own
-                self.client.set_tag(run.info.run_id, "steptune.meets_target", want)
+        for run in self._children(parent_run_id, "") if by_trial is not None else []:
+            canonical = run.data.tags.get("steptune.kind") == "canonical"
+            meets, rank = (False, None) if canonical else by_trial.get(run.data.tags.get("steptune.trial", ""),
+                                                                      (False, None))
+            want = {"steptune.meets_target": flag(meets), "steptune.answer_rank": rank_tag(rank)}
+            # The answer's verdict and rank, not the run's own: a link sorted by the rank shows the winner first.
+            self._log(run.info.run_id, {}, {}, {k: v for k, v in want.items() if run.data.tags.get(k) != v})
         self.client.set_terminated(parent_run_id, "FINISHED")
 
     def ui_command(self) -> str:
@@ -265,17 +269,26 @@ class Tracker:
             cmd += ["--default-artifact-root", self.artifact_root.as_uri()]
         return f"{commands.mlflow()} {shlex.join(cmd)}"
 
-    def view_url(self, base: str = "http://127.0.0.1:5000") -> str:
-        """The experiment's page in the UI's "Model training" view (MLflow 3.x otherwise opens its GenAI view)."""
+    def view_url(self, base: str = "http://127.0.0.1:5000", sweep: str | None = None) -> str:
+        """The experiment's page in the UI's "Model training" view (MLflow 3.x otherwise opens its GenAI view).
+        With ``sweep``: its runs table filtered to the sweep's ledger lines and sorted by the answer's rank
+        (``steptune.answer_rank``), so the winner's lines are the first rows (the UI keeps the filter and the
+        order in the URL; the columns shown are the UI's own choice)."""
         if self.tracking_uri.startswith(("http://", "https://")):
             base = self.tracking_uri
-        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id}?{UI_VIEW_QUERY}"
+        page, query = "", UI_VIEW_QUERY
+        if sweep is not None:  # the runs page reads these from its URL (the experiment page would drop them)
+            page = "/runs"
+            query += "&" + urllib.parse.urlencode({
+                "searchFilter": f"tags.`steptune.sweep` = {_q(sweep)} and tags.`steptune.role` = 'trial'",
+                "orderByKey": "tags.`steptune.answer_rank`", "orderByAsc": "true"}, quote_via=urllib.parse.quote)
+        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id}{page}?{query}"
 
-    def open_hint(self) -> str:
+    def open_hint(self, sweep: str | None = None) -> str:
         """What the sweep prints: the command that serves the store, then the page to open."""
         if self.tracking_uri.startswith(("http://", "https://")):
-            return f"open {self.view_url()}"
-        return f"{self.ui_command()}  then open {self.view_url()}"
+            return f"open {self.view_url(sweep=sweep)}"
+        return f"{self.ui_command()}  then open {self.view_url(sweep=sweep)}"
 
     # ---- plumbing --------------------------------------------------------------------------------
 
@@ -322,6 +335,11 @@ def find_trial_run(tracking_uri: str, experiment: str, record: TrialRecord) -> s
     where = " and ".join(f"tags.\"steptune.{k}\" = {_q(v)}" for k, v in tags.items())
     runs = client.search_runs([exp.experiment_id], where, max_results=1, order_by=["attributes.start_time DESC"])
     return runs[0].info.run_id if runs else None
+
+
+def rank_tag(rank: int | None) -> str:
+    """The answer's rank as a tag that sorts as text: ``001`` is the winner; ``~`` not ranked (sorts after every rank)."""
+    return "~" if rank is None else f"{rank:03d}"
 
 
 def _q(value: str) -> str:

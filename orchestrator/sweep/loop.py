@@ -122,12 +122,12 @@ class Sweep:
         summary.update(stopped_because=report.stop_line(self.stop_reason or "the trial budget is spent",
                                                         self.target_stop, answer),
                        startup_s=startup, parity_shared_with_canonical=list(self.gate.shared),
-                       mlflow_ui=self.recorder.tracker.open_hint() if self.recorder.tracker else None,
+                       mlflow_ui=self.recorder.tracker.open_hint(self.cfg.name) if self.recorder.tracker else None,
                        group_builds=runner.builds if runner else 0, sweep_wall_s=wall,
                        bookkeeping_median_s=statistics.median(book) if book else None,
                        duty_cycle=in_updates / wall if wall > 0 and self.backend.confirms else None)
-        meets = {str(r.trial): answer.meets(r.params) for r in Q.measured(self.records)}
-        self.recorder.track("finish_sweep", summary, self.study.study, report.table(self.records, answer), meets)
+        self.recorder.track("finish_sweep", summary, self.study.study, report.table(self.records, answer),
+                            report.by_trial(self.records, answer))
         return summary
 
     def start(self) -> Any:

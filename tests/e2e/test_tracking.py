@@ -123,7 +123,7 @@ def test_sweep_parent_children_params_metrics_artifacts(store, tmp_path):
         study.add_trial(optuna.trial.create_trial(params={"parallel.dp": dp}, distributions=dist, value=value))
     summary = report.summarize(records, Target(step_time_s=0.06))
     best = summary["best"]  # trial 1: 55 and 56 ms, the median of its trial and confirm runs
-    again.finish_sweep(parent, summary, study, "the table\n", {"1": True, "0": False})
+    again.finish_sweep(parent, summary, study, "the table\n", {"1": (True, 1), "0": (False, 2)})
 
     client = MlflowClient(tracking_uri_for(results))
     p = client.get_run(parent)

@@ -126,3 +126,44 @@ def test_the_printed_link_opens_model_training_with_the_sweep_curve(ui, tmp_path
     assert "best_step_time_s" in seen["charts"], seen["charts"][:2000]
     for name in ("mlflow_experiment.png", "mlflow_parent_charts.png"):
         assert (shots / name).stat().st_size > 10_000
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine (apt-get install chromium)")
+@pytest.mark.timeout(600)
+def test_the_printed_link_lists_the_sweeps_runs_with_the_answer_first(mlflow_ui, tmp_path):
+    """Issue 26 item 4: the link the sweep prints opens its runs table filtered to its ledger lines and sorted by
+    the answer's rank, so the winner's runs are the first rows without a click; the parent's description (its
+    overview page) states the answer."""
+    from orchestrator.review import report
+    from orchestrator.search.target import Target
+
+    base, tracker = mlflow_ui
+    lines = _ledger("ranked")
+    parent = tracker.start_sweep("ranked", {"search": {"n_trials": 5}}, 0.06)
+    log_ledger(tracker, parent, lines)
+    summary = {**report.summarize(lines, Target(step_time_s=0.06)), "stopped_because": "the trial budget is spent"}
+    answer = __import__("orchestrator.records.answer", fromlist=["decide"]).decide(lines, Target(step_time_s=0.06))
+    tracker.finish_sweep(parent, summary, None, "table", report.by_trial(lines, answer))
+    winner = next(r for r in lines if r.trial == answer.winner.trial and r.kind.value in ("trial", "baseline"))
+    second = next(r for r in lines if r.trial == answer.ranked[1].trial and r.kind.value in ("trial", "baseline"))
+    shots = Path(os.environ.get("STEPTUNE_SCREENSHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    seen: dict[str, str] = {}
+    from orchestrator.review.tracking_lines import run_name
+
+    async def script(page: Page) -> None:
+        url = tracker.view_url(base, sweep="ranked")
+        assert "orderByKey=" in url and "searchFilter=" in url
+        await page.call("Page.navigate", url=url)
+        seen["runs"] = await page.wait_for(run_name(winner), run_name(second))
+        await page.screenshot(shots / "mlflow_answer_first.png")
+        await page.call("Page.navigate", url=f"{base}/#/experiments/{tracker.experiment_id}/runs/{parent}"
+                                             f"?workflowType=machine_learning")
+        seen["overview"] = await page.wait_for(f"best (trial {answer.winner.trial})")
+
+    asyncio.run(_browse(script))
+    text = seen["runs"]
+    assert run_name(winner) in text and run_name(second) in text, text[:3000]
+    assert text.index(run_name(winner)) < text.index(run_name(second)), text[:3000]
+    assert "browsed" not in text  # another sweep's runs are filtered out
+    assert f"best (trial {answer.winner.trial})" in seen["overview"], seen["overview"][:3000]

@@ -471,3 +471,7 @@ def test_one_answer_when_the_fastest_single_run_is_not_the_answer(config, monkey
     meets = {(c.data.tags["steptune.trial"], c.data.tags["steptune.kind"]): c.data.tags["steptune.meets_target"]
              for c in children}
     assert meets[("1", "trial")] == "false" and meets[("0", "baseline")] == "true"
+    ranks = {(c.data.tags["steptune.trial"], c.data.tags["steptune.kind"]): c.data.tags.get("steptune.answer_rank")
+             for c in children}
+    assert ranks[("0", "baseline")] == "001" and ranks[("1", "trial")] == "002" and ranks[("0", "canonical")] == "~"
+    assert "answer_rank" in summary["mlflow_ui"] and "orderByAsc=true" in summary["mlflow_ui"]
