@@ -18,8 +18,10 @@ How it decides (docs/search.md#one-answer):
   ``min_common_rounds`` rounds in common, the bootstrap confidence interval of the median of their per-round
   ratio; they differ when its lower end is above ``1 + threshold``. Fewer common rounds: their intervals
   (min/max of their runs, or a single run widened by the assumed spread) overlap within the threshold.
-- **Winner.** Of the tie set, by the tie-break the summary states: the fewest params changed from the
-  baseline, then the lowest peak memory, then the lowest figure, then the lowest trial number.
+- **Winner.** Of the tie set's configs whose figure is within ``threshold`` of the leader's (practically equal
+  by the point estimate, not merely not told apart by a noisy interval), by the tie-break the summary states:
+  the fewest params changed from the baseline, then the lowest peak memory, then the lowest figure, then the
+  lowest trial number.
 - **Target verdict.** ``met`` when the winner's whole interval is at or under the target, ``not met`` when all
   of it is above, else ``undecided`` with an estimate of the rounds that would decide it.
 
@@ -40,7 +42,8 @@ from orchestrator.records.record import Kind, Status, TrialRecord
 
 MET, NOT_MET, UNDECIDED, NO_TARGET = "met", "not met", "undecided", "no target"
 
-TIE_BREAK = "fewest params changed from the baseline, then lowest peak memory, then lowest figure, then trial"
+TIE_BREAK = ("of the tied configs within winner.threshold of the lowest figure: the fewest params changed from the "
+             "baseline, then the lowest peak memory, then the lowest figure, then the trial number")
 """How a tie set's winner is picked; the summary states it."""
 
 
@@ -55,7 +58,7 @@ class SettleRule:
     """Paired runs the leader and every config still tied with it get before the tie set and the target verdict
     are trusted (with 3, a bootstrap interval of a median spans the middle of its three ratios); a contender
     that its runs already tell apart from the leader leaves the rounds earlier."""
-    max_rounds: int = 5
+    max_rounds: int = 4
     """Most settling rounds after the search (and in a target check during it); 0: no settling, the answer is
     the search's own runs and the summary says it is unsettled."""
     threshold: float = 0.01
@@ -301,7 +304,10 @@ def decide(records: Sequence[TrialRecord], target: Any, rule: SettleRule = RULE)
                       "no config ran ok and passed parity", rule)
     leader = by_figure[0]
     ties = [leader] + [c for c in by_figure[1:] if not _differs(c, leader, rule)]
-    win = min(ties, key=lambda c: (c.changed, c.peak_memory_bytes if c.peak_memory_bytes is not None else math.inf,
+    # A wide interval (few rounds, a noisy machine) can tie a config whose figure is far worse: the tie-break
+    # only chooses among those practically equal to the leader by their figure.
+    band = [c for c in ties if c.ratio <= leader.ratio * (1 + rule.threshold)]
+    win = min(band, key=lambda c: (c.changed, c.peak_memory_bytes if c.peak_memory_bytes is not None else math.inf,
                                    c.ratio, c.trial))
     ranked = (win, *[c for c in by_figure if c is not win])
     ties_t = (win, *[c for c in ties if c is not win])

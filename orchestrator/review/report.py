@@ -271,7 +271,7 @@ def answer_lines(s: dict[str, Any]) -> list[str]:
     out = []
     if best is None:
         return ["no answer: no config ran ok and passed parity"]
-    paired = f", {best['ratio']:.3f} of the baseline paired over {best['paired_runs']} rounds" \
+    paired = f", {best['ratio']:.3f} of the baseline paired over {best['paired_runs']} round(s)" \
         if best["paired_runs"] else ""
     out.append(f"best (trial {best['trial']}): {_figure(best)} per update{paired}"
                + (f", {best['speedup']:.2f}x the baseline" if best.get("speedup") else "")
@@ -415,7 +415,8 @@ class Progress:
             what += f" ({m.speedup_vs_baseline:.2f}x)"
         tail = f" parity {_parity(r)}" if r.parity is not None else ""
         why = f" - {one_line(r.reason)}" if r.reason else ""
-        label = f"{r.kind.value} {r.trial}" + (f" repeat {r.repeat}" if r.kind in (Kind.CONFIRM, Kind.REPEAT) else "")
+        label = (f"trial {r.trial} (run {r.repeat + 1})" if r.kind in (Kind.CONFIRM, Kind.REPEAT)
+                 else f"{r.kind.value} {r.trial}")
         counter = self._counter(kind) if r.round is not None else f"[{done:>3}/{self.budget}]"
         self._write(f"{counter} {label} {r.status.value}: {what}{tail}{why} | "
                     f"best {best} | target {target} | {time.perf_counter() - self.t0:.0f} s")

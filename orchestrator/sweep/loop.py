@@ -16,6 +16,7 @@ only when the answer after settling says "met".
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import random
 import statistics
@@ -326,16 +327,19 @@ class Sweep:
         base = Q.baseline_of(self.records)
         if answer.settled or base is None or base.status != "ok":
             return None
+        if self.settling == "target" and answer.target.state != A.UNDECIDED and answer.winner is not None and (
+                answer.winner.is_baseline or len(answer.winner.paired) >= self.cfg.winner.min_rounds):
+            return None  # a target check asks only whether the target is met; the final rounds settle ties
         number = max((r.round or 0 for r in self.records), default=0) + 1
         picks = [base] + [answer.figure_of(k).record for k in answer.contenders]
         # A random order per round (seeded by the sweep and the round): a config never always runs first, right
         # after the baseline, or last, so an order effect (a cache, a warming machine) does not favour one.
         seed = hashlib.sha256(f"{self.cfg.name}/{self.cfg.sampler.seed}/{number}".encode()).hexdigest()
         random.Random(seed).shuffle(picks)
-        jobs = [self._round_job(r, number, i + 1, len(picks)) for i, r in enumerate(picks)]
-        self.episode_rounds += 1
         log.info("settling round %d: %s (%s)", number, ", ".join(f"trial {r.trial}" for r in picks),
                  answer.why_unsettled or "settling")
+        jobs = [self._round_job(r, number, i + 1, len(picks)) for i, r in enumerate(picks)]
+        self.episode_rounds += 1
         self.queue.extend(jobs[1:])
         return jobs[0]
 
@@ -361,6 +365,13 @@ class Sweep:
         self.settling = None
         self.episode_rounds = 0
 
+    def _leads(self, record: TrialRecord) -> bool:
+        """Whether the record's config has the lowest figure now: a target check of a config that is not the
+        leader would judge another config's verdict (the answer's), so a slower one that meets the target by its
+        own run waits for the final rounds."""
+        lead = self.answer().leader
+        return lead is not None and lead.key == A.key_of(record.params)
+
     def _target_reached(self) -> None:
         """Stop the search for a target settling found met, once search.min_trials are finished."""
         if self.target_stop is not None and not self.stop_reason:
@@ -374,10 +385,11 @@ class Sweep:
         record = self.recorder.finish(job, outcome, same, repeat, round_)
         if job.kind in ("baseline", "canonical"):
             self._after_baseline(job, record.status, record.reason)
-        # A run that meets the target by itself starts a target check (settling rounds) unless one already found
-        # the target met. A prediction repeats exactly: the model backend searches its whole budget instead.
+        # A run that meets the target by itself and leads starts a target check (settling rounds), unless one
+        # already found the target met. A prediction repeats exactly: the model backend searches its whole budget.
         if record.meets_target and job.kind in ("baseline", "trial") and self.backend.confirms \
-                and self.target_stop is None and self.settling is None and self.cfg.winner.max_rounds > 0:
+                and self.target_stop is None and self.settling is None and self.cfg.winner.max_rounds > 0 \
+                and self._leads(record):
             self.settling = "target"
             self.episode_rounds = 0
         elif record.meets_target and job.kind in ("baseline", "trial") and self.cfg.winner.max_rounds == 0 \
@@ -443,6 +455,8 @@ def run_sweep(cfg: Any) -> tuple[dict, list[TrialRecord]]:
         if not (sweep.stop_reason or "").startswith("the wall-time"):
             finished.write(cfg.search.n_trials, summary["stopped_because"])
         summary["time_to_answer"] = report.time_to_answer(sweep.records, finished.sessions())
+        # The summary as printed, beside the ledger (bench/noise.py and scripts compare sweeps by it).
+        (cfg.results_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         return summary, sweep.records
 
 

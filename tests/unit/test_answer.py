@@ -142,3 +142,15 @@ def test_noise_reports_the_baseline_spread_and_the_load():
 def test_the_rule_names_a_bad_field(field, value):
     with pytest.raises(ValueError, match=f"winner.{field}="):
         A.SettleRule(**{field: value})
+
+
+def test_a_noisy_tie_does_not_hand_the_answer_to_a_far_slower_config():
+    # Trial 2 changes fewer params than trial 1 but measured 60% slower, once: the wide interval of one noisy
+    # run ties it with the leader, yet the tie-break chooses only among configs practically equal by figure.
+    base = {"mbs": 1, "pp": 2}
+    p1, p2 = {"mbs": 8, "pp": 1}, {"mbs": 8, "pp": 2}
+    ledger = [line(0, 1.0, params=base), line(1, 0.22, params=p1), line(2, 0.36, params=p2)]
+    for k, (b, x) in enumerate([(1.0, 0.22), (1.3, 0.27), (0.8, 0.19)], 1):
+        ledger += [line(0, b, "repeat", k, k, params=base), line(1, x, "repeat", k, k, params=p1)]
+    a = A.decide(ledger, NONE, A.SettleRule(single_run_spread=1.9))
+    assert a.winner.trial == 1 and {c.trial for c in a.ties} >= {1, 2}
