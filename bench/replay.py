@@ -420,8 +420,9 @@ def table(results: dict[str, list[SeedResult]], per_args: dict[str, Any], land: 
         "none. Caps (trials) as in the commands; a seed that did not get there counts as cap + 1.", "",
         f"| strategy (seeds) | runs to 2%: median | p90 | runs to 5%: median | p90 | winner within 2% after "
         f"{args.budget} "
-        f"trials: fastest sample | noise-aware rule | (rule: within 5%) | its extra runs (mean) | planner abs "
-        f"error, first 5 runs -> last 5 (median %) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"trials: fastest sample | settled answer (every tie member) | (answer: within 5%) | ties declared | its "
+        f"settling runs (mean) | planner abs error, first 5 runs -> last 5 (median %) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, rs in results.items():
         cap = _cap(name, per_args[name])
@@ -433,6 +434,7 @@ def table(results: dict[str, list[SeedResult]], per_args: dict[str, Any], land: 
                      f"{100 * np.mean([r.winner_best_sample for r in rs]):.0f}% | "
                      f"{100 * np.mean([r.winner_noise_aware for r in rs]):.0f}% | "
                      f"{100 * np.mean([r.winner_noise_aware_5 for r in rs]):.0f}% | "
+                     f"{100 * np.mean([r.tie for r in rs]):.0f}% | "
                      f"{np.mean([r.extra_runs for r in rs]):.1f} | {trend} |")
     ceiling = {f: resolution(land, f) for f in (0.02, 0.05)}
     lines += ["", f"**The landscape's own resolution.** Measuring every one of the {len(usable)} configs afresh, 3 runs "

@@ -477,3 +477,35 @@ def test_one_answer_when_the_fastest_single_run_is_not_the_answer(config, monkey
              for c in children}
     assert ranks[("0", "baseline")] == "001" and ranks[("1", "trial")] == "002" and ranks[("0", "canonical")] == "~"
     assert "answer_rank" in summary["mlflow_ui"] and "orderByAsc=true" in summary["mlflow_ui"]
+
+
+def test_a_second_driver_is_refused_by_the_lock_before_ray_is_contacted(config):
+    """Issue 26 item 7: the lock is taken first (a bad Ray address would otherwise be tried, for tens of seconds)."""
+    from orchestrator.records.ledger import Ledger, LedgerBusy
+    from orchestrator.sweep.loop import run_sweep
+
+    cfg = config("ray.address=127.0.0.1:1")
+    t0 = time.perf_counter()
+    with Ledger(cfg.results_dir / "trials.jsonl").lock():
+        with pytest.raises(LedgerBusy, match="already being run by another driver"):
+            run_sweep(cfg)
+    assert time.perf_counter() - t0 < 10
+
+
+def test_a_finished_sweep_prints_its_answer_and_runs_nothing_until_its_budget_grows(config):
+    import json
+
+    from orchestrator.sweep.loop import run_sweep
+
+    cfg = config("winner.max_rounds=0")
+    sweep, _ = run_loop(cfg)  # a real (fake-runner) sweep: its ledger
+    (cfg.results_dir / "run.json").write_text(json.dumps({"finished": {"n_trials": 4, "stopped_because": "budget"},
+                                                          "sessions": [{"start": 0.0, "end": 10.0}]}))
+    # The Ray address is unreachable: a sweep that tried to run anything would fail on it.
+    bad = config("winner.max_rounds=0", "ray.address=127.0.0.1:1")
+    summary, records = run_sweep(bad)
+    assert summary["already_finished"] == 4 and summary["stopped_because"] == "budget"
+    assert len(records) == len(sweep.records) and summary["best"]["trial"] == sweep.answer().winner.trial
+    bigger = config("winner.max_rounds=0", "ray.address=127.0.0.1:1", "search.n_trials=6")
+    with pytest.raises(Exception, match="127.0.0.1:1"):  # extending it runs again: Ray is asked first
+        run_sweep(bigger)
