@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from orchestrator.plan.netcal import BW_EFFICIENCY, TIER_FIELDS
+from orchestrator.plan.netcal import TIER_FIELDS, measured_efficiencies
 
 FILE_KEYS = ("cluster_file", "calibration_file")
 
@@ -77,7 +77,8 @@ def resolve(planner: Mapping[str, Any], base_dir: Path | None = None) -> tuple[d
                              f"section lacks")
         out["cluster"] = {**(out.get("cluster") or {}), **{k: data["cluster"][k] for k in take}}
         if measured:
-            measured_eff = {e for f in measured for e in BW_EFFICIENCY.get(f, ())}
+            tiers = {t for t, fields in TIER_FIELDS.items() if all(f in measured for f in fields)}
+            measured_eff = set(measured_efficiencies({**data["cluster"], **out["cluster"]}, tiers))
             sources = ", ".join(sorted({f"{s.get('collective')} x{s.get('ranks')} on {s.get('nodes')} node(s)"
                                         for s in prov.get("sources") or []}))
             rest = [f for fields in TIER_FIELDS.values() for f in fields if f not in measured]
@@ -92,6 +93,10 @@ def resolve(planner: Mapping[str, Any], base_dir: Path | None = None) -> tuple[d
             raise ValueError(f"planner.calibration_file: {path}: expected an efficiency: section "
                              f"(write one with steptune calibrate)")
         out["efficiency"] = {**data["efficiency"], "basis": "fitted", "basis_note": f"calibration file {path.name}"}
+        if (data.get("provenance") or {}).get("basis") == "measured":
+            # A bandwidth efficiency fitted to measured slices (profile's data-parallel slices) is a measurement
+            # of the same links, through the trainer's own buckets: it stands.
+            measured_eff -= set((data.get("calibration") or {}).get("fitted") or [])
     if measured_eff:  # last, so a calibration's fitted bandwidth efficiencies do not undo a measured network
         out["efficiency"] = {**(out.get("efficiency") or {}), **{e: 1.0 for e in measured_eff}}
     eff = out.get("efficiency") or {}

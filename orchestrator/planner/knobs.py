@@ -66,6 +66,11 @@ class Consts:
     gemms: tuple[tuple[int, int], ...] = ()
     """The layer's GEMMs in forward order, [input width, output width] (model.gemms)."""
 
+    @property
+    def msg_s(self) -> float:
+        """The fixed cost of one collective or send besides its hops (efficiency.collective_latency_us), s."""
+        return float(getattr(self.eff, "collective_latency_us", 0.0)) * 1e-6
+
     @classmethod
     def of(cls, cfg: PlanConfig, eff: object | None = None) -> "Consts":
         c, m, par, tp = cfg.cluster, cfg.model, cfg.parallel, cfg.tensor_parallel.size
