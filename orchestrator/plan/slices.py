@@ -179,6 +179,36 @@ def derive_trainer_slices(sweep: Mapping[str, Any], ranks: int = 2, layers: int 
     return SlicePlan(tuple(slices), shape, layers, ranks, 1, 1, ())
 
 
+def bucket_sizes(space: Mapping[str, Any] | None, base_mb: float) -> list[float]:
+    """The DP bucket sizes (MB) the DP slices run: the space's ``data_parallel.bucket_mb`` choices, or a float
+    range's ends and its geometric middle, or, without the knob, the trainer's own size and a tenth of it.
+    At least two, so the per-message cost and the bandwidth can be told apart (``plan.commfit``)."""
+    spec = ((space or {}).get("params") or {}).get("data_parallel.bucket_mb")
+    if isinstance(spec, Mapping) and "choices" in spec:
+        out = sorted({float(c) for c in spec["choices"]})
+    elif isinstance(spec, Mapping) and "low" in spec and "high" in spec:
+        lo, hi = float(spec["low"]), float(spec["high"])
+        out = sorted({lo, round((lo * hi) ** 0.5, 6), hi})
+    else:
+        out = sorted({float(base_mb), float(base_mb) / 10})
+    return out if len(out) >= 2 else sorted({out[0], out[0] / 10})
+
+
+def dp_comm_slices(base: Any, buckets: list[float], prefix: str) -> tuple[Slice, ...]:
+    """The data-parallel communication slices of one trainer slice config (dp >= 2): each bucket size with
+    gradient-reduce overlap off and on (``data_parallel.kind=replicate``, the trainer's bucketed all-reduce)."""
+    from trainer.knobs import ReplicateDP
+
+    if base.parallel.dp < 2:
+        raise ValueError(f"--ranks: the data-parallel slices need dp >= 2 (this slice has dp {base.parallel.dp})")
+    out = []
+    for mb in buckets:
+        for overlap in (False, True):
+            cfg = dataclasses.replace(base, data_parallel=ReplicateDP(overlap_grad_reduce=overlap, bucket_mb=mb))
+            out.append(Slice(f"{prefix} dp bucket_mb={mb:g} overlap={'on' if overlap else 'off'}", cfg))
+    return tuple(out)
+
+
 def _model_notes(m: Any) -> list[str]:
     """What the trainer's GPT (pre-LayerNorm, GELU MLP, MHA, learned positions, no biases) cannot reproduce."""
     notes = []
