@@ -283,7 +283,11 @@ def start_efficiency(sampler: Any, source: str | None) -> Any:
         return None
     if sampler.kind != "guided":
         raise ValueError(f"sampler.calibration: only sampler.kind=guided reads it (kind is {sampler.kind})")
+    from orchestrator.plan.hardware import file_mismatch, this_host
+
     path = resolve_path(sampler.calibration, Path(source).parent if source else None)
+    if w := file_mismatch(path, host=this_host(), what="the guided search"):
+        log.warning("sampler.calibration %s: %s", path, w)
     try:
         return load_calibration(path)
     except ValueError as e:
