@@ -221,31 +221,35 @@ def check_parity(slices: Sequence[Slice], results: Sequence[Any]) -> list[dict[s
     return out
 
 
+def _by_world(cfgs: list[Any], run: Callable[[list[Any]], "tuple[list[Any], str]"]) -> tuple[list[Any], str]:
+    """``run`` once per world size (a worker group or a local world is formed for one rank count), order kept."""
+    sizes = list(dict.fromkeys(getattr(c, "world_size", 0) for c in cfgs))
+    if len(sizes) <= 1:
+        return run(cfgs)
+    out: list[Any] = [None] * len(cfgs)
+    wheres = []
+    for n in sizes:
+        idx = [i for i, c in enumerate(cfgs) if c.world_size == n]
+        got, where = run([cfgs[i] for i in idx])
+        for i, r in zip(idx, got):
+            out[i] = r
+        wheres.append(where)
+    return out, "; ".join(dict.fromkeys(wheres))
+
+
 def run_slices(cfgs: list[Any], device: str, runner: SliceRunner | None) -> tuple[list[Any], str]:
     """The slices on ``runner`` (the sweep's warm Ray group); on the local launcher only when there is no runner
-    or it cannot start, and then the second value says why."""
+    or it cannot start, and then the second value says why. One group or world per rank count."""
     if runner is not None:
         try:
-            sizes = list(dict.fromkeys(getattr(c, "world_size", 0) for c in cfgs))
-            if len(sizes) <= 1:
-                return runner(cfgs, device)
-            # One worker group per world size (a group is formed once for its ranks), order kept.
-            out: list[Any] = [None] * len(cfgs)
-            wheres = []
-            for n in sizes:
-                idx = [i for i, c in enumerate(cfgs) if c.world_size == n]
-                got, where = runner([cfgs[i] for i in idx], device)
-                for i, r in zip(idx, got):
-                    out[i] = r
-                wheres.append(where)
-            return out, "; ".join(wheres)
+            return _by_world(cfgs, lambda c: runner(c, device))
         except RunnerUnavailable as e:
             why = f"Ray could not start ({str(e).splitlines()[0][:200]})"
     else:
         why = "no Ray runner was given"
     from trainer.launch import spawn_many
 
-    return spawn_many(cfgs), f"the trainer's local launcher (note: {why})"
+    return _by_world(cfgs, lambda c: (spawn_many(c), f"the trainer's local launcher (note: {why})"))
 
 
 def median_run(runs: Sequence[Any]) -> Any:
