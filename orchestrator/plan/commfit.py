@@ -1,9 +1,10 @@
 """Data-parallel communication from slices: 2-rank slices at several bucket sizes, overlap on and off ->
-``collective_latency_us``, ``dp_bw_eff``, ``dp_overlap_eff``, each with its uncertainty, or a refusal.
+``dp_latency_us``, ``dp_bw_eff``, ``dp_overlap_eff``, each with its uncertainty, or a refusal.
 
 The planner's own formulas (``planner.timing.dp_times``) are the model: with overlap off a step's DP wait is
-n buckets x (fixed cost per message + hops x the link's latency) + the gradient bytes over the bus bandwidth
-x ``dp_bw_eff``, linear in the fixed cost and in 1/``dp_bw_eff``; with overlap on the same buckets hide under
+n buckets x the latency of one bucket's collective (``dp_latency_us``: what the trainer's buckets pay, hook,
+dispatch and rendezvous included, in place of the link's hops x latency) + the gradient bytes over the bus
+bandwidth x ``dp_bw_eff``, linear in the latency and in 1/``dp_bw_eff``; with overlap on the same buckets hide under
 ``dp_overlap_eff`` of the backward. The slices' measured ``dp_comm_wait`` (the trainer's phase, slowest rank)
 is fitted in two steps: the two linear terms on the overlap-off slices (relative least squares), then the
 overlap share on the overlap-on slices (a bounded one-dimensional search). Two bucket counts tell the
@@ -30,12 +31,12 @@ import numpy as np
 from orchestrator.planner import Efficiency
 from orchestrator.planner.config import PlanConfig
 
-DP_FIT = ("collective_latency_us", "dp_bw_eff", "dp_overlap_eff")
+DP_FIT = ("dp_latency_us", "dp_bw_eff", "dp_overlap_eff")
 """What the data-parallel slices fit."""
-PIN = {"collective_latency_us": 0.5, "dp_bw_eff": 0.5, "dp_overlap_eff": 0.25}
+PIN = {"dp_latency_us": 0.5, "dp_bw_eff": 0.5, "dp_overlap_eff": 0.25}
 """Largest accepted half-width of the bootstrap 90% interval: relative to the value for the first two, absolute
 (a share of the window) for the overlap."""
-BOUNDS = {"collective_latency_us": (0.0, 1e6), "dp_bw_eff": (0.01, 1.0), "dp_overlap_eff": (0.0, 1.0)}
+BOUNDS = {"dp_latency_us": (0.0, 1e6), "dp_bw_eff": (0.01, 1.0), "dp_overlap_eff": (0.0, 1.0)}
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,8 @@ def _dp(plan: PlanConfig, eff: Efficiency) -> float:
 
 
 Terms = tuple[float, float, float, float]
-"""(buckets, hop-latency seconds, bandwidth seconds at dp_bw_eff 1, the backward window) of one slice."""
+"""(buckets, latency seconds not fitted (0: dp_latency_us replaces the link's), bandwidth seconds at dp_bw_eff
+1, the backward window) of one slice."""
 
 
 def _terms(plan: PlanConfig, eff: Efficiency) -> Terms:
@@ -93,12 +95,11 @@ def _terms(plan: PlanConfig, eff: Efficiency) -> Terms:
     from orchestrator.planner.timing import stage_times
 
     off = dataclasses.replace(plan, data_parallel=dataclasses.replace(plan.data_parallel, overlap_grad_reduce=False))
-    base = dataclasses.replace(eff, collective_latency_us=0.0, dp_bw_eff=1.0, dp_overlap_eff=1.0)
-    a0 = _dp(off, base)
-    nb = (_dp(off, dataclasses.replace(base, collective_latency_us=1.0)) - a0) / 1e-6
-    bw = _dp(off, dataclasses.replace(base, dp_bw_eff=0.5)) - a0  # doubling 1/eff adds the bandwidth term once
+    base = dataclasses.replace(eff, dp_latency_us=0.0, dp_bw_eff=1.0, dp_overlap_eff=1.0)
+    a0 = _dp(off, base)  # the bandwidth term alone
+    nb = (_dp(off, dataclasses.replace(base, dp_latency_us=1.0)) - a0) / 1e-6
     window = float(stage_times(Consts.of(plan, eff), encode([plan]))["B"][0].max())
-    return nb, a0 - bw, bw, window
+    return nb, 0.0, a0, window
 
 
 def _predict(t: Terms, overlap: bool, msg_s: float, bw_eff: float, ov) -> np.ndarray:
@@ -129,7 +130,7 @@ def _solve(obs: Sequence[DPObservation], y: Sequence[float], terms: dict[str, Te
     for o, v in zip(obs, y):
         if o.overlap:
             err += (_predict(terms[o.name], True, msg, bw_eff, _GRID) / v - 1.0) ** 2
-    return {"collective_latency_us": msg * 1e6, "dp_bw_eff": bw_eff, "dp_overlap_eff": float(_GRID[int(np.argmin(err))])}
+    return {"dp_latency_us": msg * 1e6, "dp_bw_eff": bw_eff, "dp_overlap_eff": float(_GRID[int(np.argmin(err))])}
 
 
 def identifiability(obs: Sequence[DPObservation], eff: Efficiency) -> tuple[dict[str, Terms], str | None]:
@@ -143,7 +144,7 @@ def identifiability(obs: Sequence[DPObservation], eff: Efficiency) -> tuple[dict
     smallest = min((o.bucket_mb for o in obs), default=0.0)
     if len(counts) < 2:
         have = f"{len(off)} overlap-off slice(s) with {counts[0] if counts else 0} bucket(s)" if off else "none"
-        return terms, ("collective_latency_us and dp_bw_eff cannot be told apart: the overlap-off DP slices need "
+        return terms, ("dp_latency_us and dp_bw_eff cannot be told apart: the overlap-off DP slices need "
                        f"two different bucket counts ({have}); add an overlap-off slice at bucket_mb "
                        f"{smallest / 10 if smallest else 0.05:g} (more buckets) beside one with a single bucket")
     on = [o for o in obs if o.overlap and terms[o.name][0] > 1.5]
@@ -194,7 +195,7 @@ def _pinning_slice(param: str, obs: Sequence[DPObservation], terms: dict[str, Te
     """The slice whose measurement weighs most on ``param``: the most buckets for the per-message cost, the
     fewest for the bandwidth, the overlap-on slice with the most buckets for the overlap share."""
     off = [o for o in obs if not o.overlap]
-    if param == "collective_latency_us":
+    if param == "dp_latency_us":
         return max(off, key=lambda o: terms[o.name][0]).name
     if param == "dp_bw_eff":
         return min(off, key=lambda o: terms[o.name][0]).name

@@ -1,11 +1,14 @@
-"""The compute, measured: a model-backend sweep file -> short real runs of its layer shape -> a calibration file.
+"""The compute, measured: a sweep file -> short real runs of its layer shape -> a calibration file.
 
-The slices and their memory check are ``orchestrator.plan.slices`` (pure). ``fit_slices`` hands the measured results to the
-planner's calibration, compute side only: the network stays whatever the cluster file says (``steptune
-netcal`` measures that half). ``run`` is ``steptune profile``; the slices run through the trial path a sweep
-uses, a warm Ray worker group (one world for every slice, parity off), handed in by the CLI as a
-``SliceRunner`` since this room may not import the backends; only when Ray cannot start do they run on the
-trainer's local launcher (``trainer.launch.spawn_many``), with a note.
+The slices and their memory check are ``orchestrator.plan.slices`` (pure; any sweep file: the model backend's
+``planner:`` section or the ray backend's ``trainer:`` section, several rank and layer counts). ``fit_slices``
+hands the measured results to the planner's calibration, compute side only; the data-parallel slices (bucket
+sizes x overlap) are fitted by ``orchestrator.plan.commfit``; the rest of the network stays whatever the cluster
+file says (``steptune netcal`` measures it). Every slice runs ``--repeats`` rounds and the fits take medians.
+``run`` is ``steptune profile``; the slices run through the trial path a sweep uses, a warm Ray worker group
+per rank count (parity off), handed in by the CLI as a ``SliceRunner`` since this room may not import the
+backends; only when Ray cannot start do they run on the trainer's local launcher (``trainer.launch.spawn_many``),
+with a note.
 """
 
 from __future__ import annotations
@@ -358,10 +361,10 @@ def run(args: Any, runner: SliceRunner | None = None) -> int:
     prov.update({"ranks": ranks, "layers": layers, "repeats": args.repeats,
                  "runs_step_s": {n: [round(float(r.summary.step_time_s), 6) for r in rs] for n, rs in runs.items()},
                  "dp_comm": commfit.provenance(comm_fit) if comm_fit else "not measured (dp 1 or --no-dp-comm): "
-                 "collective_latency_us, dp_bw_eff and dp_overlap_eff are the cluster file's"})
+                 "dp_latency_us, dp_bw_eff and dp_overlap_eff are the cluster file's"})
     if comm_fit:
         prov["network"] = ("tp/pp bandwidth efficiencies are the cluster file's (steptune netcal); "
-                           "collective_latency_us, dp_bw_eff, dp_overlap_eff fitted to the data-parallel slices")
+                           "dp_latency_us, dp_bw_eff, dp_overlap_eff fitted to the data-parallel slices")
     prov["parity"] = checked or "off (steptune profile --parity checks each slice against its canonical run)"
     write_calibration(cal, out, cluster_file=args.cluster, provenance=prov,
                       header="# Planner efficiency fitted by `steptune profile` to measured slices of the "

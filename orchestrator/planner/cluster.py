@@ -293,6 +293,11 @@ class Efficiency:
     data-parallel buckets pay it n times. About 0 for NCCL from C++ (the hop latency covers it); fitted from
     2-rank data-parallel slices at two bucket sizes (``steptune profile``), near 1000 for gloo buckets on a
     loaded 2-core host."""
+    dp_latency_us: float | None = None
+    """Latency of one data-parallel bucket's collective as the trainer's own buckets pay it (the hook, the
+    dispatch, the rendezvous of the ranks), microseconds, in place of the link's hops x latency +
+    collective_latency_us for DP buckets; fitted by ``steptune profile`` from 2-rank data-parallel slices at two
+    or more bucket sizes. None: priced from the link."""
     dp_overlap_eff: float = 1.0
     """Fraction of the compute window under which overlapped data-parallel buckets progress: 1 where the
     collectives run on their own engine beside the compute (NCCL on GPUs); less where they compete with it for
@@ -328,5 +333,7 @@ class Efficiency:
             check_num(self, "op_overhead_us", lo=0.0)
             check_num(self, "collective_latency_us", lo=0.0)
             check_num(self, "dp_overlap_eff", lo=0.0, hi=1.0)
+            if self.dp_latency_us is not None:
+                check_num(self, "dp_latency_us", lo=0.0)
             check_num(self, "mem_reserved_gb", lo=0.0)
             check_num(self, "mem_activation_factor", lo=0.5, hi=4.0)

@@ -201,10 +201,10 @@ def dp_times(C: Consts, K: Knobs, F: np.ndarray, B: np.ndarray) -> dict[str, np.
     nb = np.maximum(1.0, np.ceil(P / elems))
     grad_bucket = P * col(grad_bytes) / nb
     dist = col(K.dist)
-    msg = C.msg_s
-    c_rs = np.where(dist, reduce_scatter_time(C.d, grad_bucket, bus, C.lat_dp, msg),
-                    all_reduce_time(C.d, grad_bucket, bus, C.lat_dp, msg))
-    c_ag = np.where(dist, all_gather_time(C.d, P * weight_bytes / nb, bus, C.lat_dp, msg), 0.0)
+    hop, msg = C.dp_latency()
+    c_rs = np.where(dist, reduce_scatter_time(C.d, grad_bucket, bus, hop, msg),
+                    all_reduce_time(C.d, grad_bucket, bus, hop, msg))
+    c_ag = np.where(dist, all_gather_time(C.d, P * weight_bytes / nb, bus, hop, msg), 0.0)
     if K.fsdp.any():  # FSDP's own collectives are fsdp.py's
         c_rs, c_ag = c_rs * col(~K.fsdp), c_ag * col(~K.fsdp)
     slack_b, slack_f = drain_slack(B, K), drain_slack(F, K)

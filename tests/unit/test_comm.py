@@ -90,3 +90,28 @@ def test_overlap_hides_at_most_its_share_of_the_window_and_never_the_last_bucket
 def test_p2p_and_reduce_scatter_pay_the_message_cost_once():
     assert float(p2p_time(1e6, 1e9, 10e-6, 90e-6)) == pytest.approx(1e-3 + 100e-6)
     assert float(reduce_scatter_time(4, 4e6, 1e9, 10e-6, 50e-6)) == pytest.approx(3e6 / 1e9 + 30e-6 + 50e-6)
+
+
+def test_measured_dp_latency_replaces_the_links_hops_for_each_bucket():
+    """efficiency.dp_latency_us (fitted from DP slices) is what each data-parallel bucket pays instead of the
+    link's hops x latency: with it, 10x the buckets adds 9 x that latency to a no-overlap DP wait."""
+    import dataclasses
+
+    from orchestrator.planner import predict
+    from orchestrator.plan.prefilter import load_cluster, plan_for_trial
+    from trainer.config import TrainConfig
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    cluster, eff = load_cluster(root / "search_spaces" / "clusters" / "cpu-local.yaml")
+    base = TrainConfig.from_dict({"model": {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 64},
+                                  "batch": {"global_batch": 4}, "parallel": {"dp": 2},
+                                  "data_parallel": {"kind": "replicate", "overlap_grad_reduce": False, "bucket_mb": 5.0}})
+    def wait(bucket_mb, lat):
+        cfg = dataclasses.replace(base, data_parallel=dataclasses.replace(base.data_parallel, bucket_mb=bucket_mb))
+        return predict(plan_for_trial(cfg, cluster, dataclasses.replace(eff, dp_latency_us=lat))).dp_exposed_s
+    one = wait(5.0, 1000.0)                                   # one bucket
+    many = wait(5.0 / 100, 1000.0)
+    no_lat = wait(5.0 / 100, 0.0)
+    n = round((many - no_lat) / 1e-3)
+    assert n > 1 and many - one == pytest.approx((n - 1) * 1e-3, rel=1e-6)

@@ -15,7 +15,7 @@ from orchestrator.plan.prefilter import load_cluster, plan_for_trial
 from orchestrator.plan.slices import bucket_sizes, derive_trainer_slices, dp_comm_slices
 
 REPO = Path(__file__).resolve().parents[2]
-TRUE = {"collective_latency_us": 900.0, "dp_bw_eff": 0.35, "dp_overlap_eff": 0.25}
+TRUE = {"dp_latency_us": 1400.0, "dp_bw_eff": 0.35, "dp_overlap_eff": 0.25}
 
 
 def _observations(buckets, noise: float, runs: int = 7, seed: int = 0, overlap=(False, True)):
@@ -45,7 +45,7 @@ def test_fit_recovers_known_parameters_from_noisy_slices():
     obs, prior = _observations([0.05, 0.5, 5.0], noise=0.05)
     fit = commfit.fit_dp_comm(obs, prior, n_boot=100)
     assert fit.refusal is None
-    assert fit.values["collective_latency_us"] == pytest.approx(900.0, rel=0.15)
+    assert fit.values["dp_latency_us"] == pytest.approx(1400.0, rel=0.15)
     assert fit.values["dp_bw_eff"] == pytest.approx(0.35, rel=0.2)
     assert fit.values["dp_overlap_eff"] == pytest.approx(0.25, abs=0.1)
     for k, (lo, hi) in fit.intervals.items():
