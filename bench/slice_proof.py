@@ -55,7 +55,8 @@ from orchestrator.plan import commfit, guided, hardware  # noqa: E402
 from orchestrator.plan.calibration import DEFAULT_CLUSTER, write_calibration  # noqa: E402
 from orchestrator.plan.prefilter import load_cluster  # noqa: E402
 from orchestrator.plan.prefilter import plan_for_trial  # noqa: E402
-from orchestrator.plan.profile import fit_slices, hardware_name, median_run, now, run_slices as run_on  # noqa: E402
+from orchestrator.plan.profile import fit_slices, hardware_name, now, run_slices as run_on  # noqa: E402
+from orchestrator.plan.stability import median_run  # noqa: E402
 from orchestrator.plan.slices import SlicePlan, derive_any  # noqa: E402
 from orchestrator.planner import predict  # noqa: E402
 

@@ -183,6 +183,9 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--repeats", type=int, default=3, metavar="R",
                    help="runs of every slice, interleaved round by round; the fit takes each slice's median "
                         "(default: 3)")
+    p.add_argument("--bootstrap", type=int, default=20, metavar="N",
+                   help="refits over resampled runs for each compute parameter's interval; one not pinned down "
+                        "refuses the file (default: 20; 0: skip; needs --repeats >= 2)")
     p.add_argument("--no-dp-comm", action="store_true",
                    help="skip the data-parallel communication slices (bucket sizes x overlap on/off at dp >= 2)")
     p.add_argument("--ray-address", metavar="ADDR",
@@ -255,19 +258,13 @@ def run_slices(cfgs: list[Any], device: str, runner: SliceRunner | None) -> tupl
     return _by_world(cfgs, lambda c: (spawn_many(c), f"the trainer's local launcher (note: {why})"))
 
 
-def median_run(runs: Sequence[Any]) -> Any:
-    """The run whose step time is the median of a slice's runs (the lower middle of an even count): a real run,
-    so its phases and memory belong together."""
-    ordered = sorted(runs, key=lambda r: float(r.summary.step_time_s))
-    return ordered[(len(ordered) - 1) // 2]
-
-
 def run(args: Any, runner: SliceRunner | None = None) -> int:
     """``steptune profile``: derive, check memory, run (on ``runner``) ``--repeats`` rounds, fit compute and DP
     communication, write; exit 2 before running on bad input, 1 when a fit is refused (nothing written)."""
     import yaml
 
     from orchestrator.plan import commfit, hardware
+    from orchestrator.plan.stability import compute_intervals, median_run, unpinned
     from orchestrator.plan.calibration import load_calibration, write_calibration
     from orchestrator.plan.prefilter import load_cluster, plan_for_trial
     from orchestrator.plan.slices import derive_any
@@ -336,6 +333,14 @@ def run(args: Any, runner: SliceRunner | None = None) -> int:
     eff = dataclasses.replace(fitted.calibration.efficiency, basis="fitted",
                               basis_note=f"steptune profile of {path.name} on this node"
                                          + (f" (shrunk {args.shrink}x: not the production GEMMs)" if args.shrink > 1 else ""))
+    intervals: dict[str, tuple[float, float]] = {}
+    if args.repeats > 1 and args.bootstrap > 0:
+        intervals = compute_intervals(ran, {s.name: runs[s.name] for s in ran.slices}, cluster, prior, args.bootstrap)
+        print("compute fit, 90% intervals (bootstrap over runs): " + ", ".join(
+            f"{k} {lo:.4g}-{hi:.4g}" for k, (lo, hi) in intervals.items()))
+        if why := unpinned(fitted.calibration.fitted, intervals, {s.name: runs[s.name] for s in ran.slices}):
+            print(f"compute: {why}: nothing written")
+            return 1
     comm_fit = None
     if comm:
         obs = [commfit.DPObservation(s.name, plan_for_trial(s.config, cluster, eff), tuple(
@@ -359,6 +364,8 @@ def run(args: Any, runner: SliceRunner | None = None) -> int:
                       str(torch.__version__), now())
     prov.update(hardware.identity(results, cluster.peak_tflops))
     prov.update({"ranks": ranks, "layers": layers, "repeats": args.repeats,
+                 "compute_interval_90": {k: [round(lo, 6), round(hi, 6)] for k, (lo, hi) in intervals.items()}
+                 or "not estimated (--repeats 1 or --bootstrap 0)",
                  "runs_step_s": {n: [round(float(r.summary.step_time_s), 6) for r in rs] for n, rs in runs.items()},
                  "dp_comm": commfit.provenance(comm_fit) if comm_fit else "not measured (dp 1 or --no-dp-comm): "
                  "dp_latency_us, dp_bw_eff and dp_overlap_eff are the cluster file's"})

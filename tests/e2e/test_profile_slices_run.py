@@ -114,7 +114,7 @@ def test_profile_of_a_ray_backend_sweep_at_several_rank_counts(ray_address, tmp_
     config.write_text(yaml.safe_dump(RAY_SWEEP))
     out = tmp_path / "tiny-ray-cal.yaml"
     assert main(["profile", "--config", str(config), "--out", str(out), "--ranks", "1,2", "--layers", "1",
-                 "--steps", "3", "--repeats", "2", "--no-dp-comm"]) == 0
+                 "--steps", "3", "--repeats", "2", "--bootstrap", "0", "--no-dp-comm"]) == 0
     printed = capsys.readouterr().out
     assert "3 compute slice(s) + 0 data-parallel slice(s)" not in printed  # both rank counts ran
     assert "6 compute slice(s)" in printed and "2 round(s)" in printed and f"wrote {out}" in printed
