@@ -335,7 +335,8 @@ def run(args: Any, runner: SliceRunner | None = None) -> int:
                                          + (f" (shrunk {args.shrink}x: not the production GEMMs)" if args.shrink > 1 else ""))
     intervals: dict[str, tuple[float, float]] = {}
     if args.repeats > 1 and args.bootstrap > 0:
-        intervals = compute_intervals(ran, {s.name: runs[s.name] for s in ran.slices}, cluster, prior, args.bootstrap)
+        intervals = compute_intervals(ran, {s.name: runs[s.name] for s in ran.slices},
+                                      lambda rs: fit_slices(ran, rs, cluster, prior).calibration.fitted, args.bootstrap)
         print("compute fit, 90% intervals (bootstrap over runs): " + ", ".join(
             f"{k} {lo:.4g}-{hi:.4g}" for k, (lo, hi) in intervals.items()))
         if why := unpinned(fitted.calibration.fitted, intervals, {s.name: runs[s.name] for s in ran.slices}):

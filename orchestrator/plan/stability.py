@@ -10,10 +10,9 @@ than ``COMPUTE_PIN``, naming the slice that scatters most. The data-parallel sid
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from orchestrator.plan.slices import SlicePlan
-from orchestrator.planner import ClusterSpec, Efficiency
 
 
 COMPUTE_PIN = {"matmul_eff": 0.5, "flash_attention_eff": 0.5, "elementwise_bw_eff": 0.5, "optimizer_bw_eff": 0.5,
@@ -22,19 +21,17 @@ COMPUTE_PIN = {"matmul_eff": 0.5, "flash_attention_eff": 0.5, "elementwise_bw_ef
 floor of 50 us for the per-layer overhead, which may fit to 0). Memory and the GEMM half-size are not checked."""
 
 
-def compute_intervals(ran: SlicePlan, runs: Mapping[str, Sequence[Any]], cluster: ClusterSpec, prior: Efficiency,
-                      n_boot: int, seed: int = 0) -> dict[str, tuple[float, float]]:
-    """Bootstrap over runs: each round picks one run per slice at random and refits; the 5th-95th percentile of
-    each fitted parameter."""
+def compute_intervals(ran: SlicePlan, runs: Mapping[str, Sequence[Any]],
+                      fit: Callable[[list[Any]], Mapping[str, float]], n_boot: int,
+                      seed: int = 0) -> dict[str, tuple[float, float]]:
+    """Bootstrap over runs: each round picks one run per slice at random and refits (``fit``: results in the
+    plan's order -> fitted parameters, e.g. ``profile.fit_slices``'); the 5th-95th percentile of each."""
     import random
 
     import numpy as np
 
-    from orchestrator.plan.profile import fit_slices
-
     rng = random.Random(seed)
-    boots = [fit_slices(ran, [rng.choice(list(runs[s.name])) for s in ran.slices], cluster, prior).calibration.fitted
-             for _ in range(n_boot)]
+    boots = [fit([rng.choice(list(runs[s.name])) for s in ran.slices]) for _ in range(n_boot)]
     return {k: (float(np.percentile([b[k] for b in boots], 5)), float(np.percentile([b[k] for b in boots], 95)))
             for k in boots[0]} if boots else {}
 

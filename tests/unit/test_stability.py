@@ -49,7 +49,7 @@ def _runs(noise: float, n: int, seed: int = 0):
 def noisy():
     plan, runs, cluster, prior = _runs(noise=0.05, n=5)
     fitted = fit_slices(plan, [median_run(runs[s.name]) for s in plan.slices], cluster, prior).calibration.fitted
-    return plan, runs, fitted, compute_intervals(plan, runs, cluster, prior, n_boot=6)
+    return plan, runs, fitted, compute_intervals(plan, runs, lambda rs: fit_slices(plan, rs, cluster, prior).calibration.fitted, n_boot=6)
 
 
 def test_median_runs_recover_the_pinned_efficiencies_and_the_intervals_cover_them(noisy):
