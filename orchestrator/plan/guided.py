@@ -40,8 +40,11 @@ FLOAT_POINTS = 3
 FAMILIES = {"parallel.": "pipeline", "pipeline.": "pipeline", "data_parallel.": "overlap",
             "recompute.": "recompute", "batch.": "microbatch"}
 """Knob families by param prefix: what a spread of first picks varies."""
-FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "pp_bw_eff", "dp_bw_eff", "optimizer_bw_eff")
-"""Efficiency fields refitted online: ``calibration.CPU_FIT`` minus memory (the ranking is by step time)."""
+FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "pp_bw_eff", "dp_bw_eff", "optimizer_bw_eff",
+       "collective_latency_us", "dp_overlap_eff")
+"""Efficiency fields refitted online: ``calibration.CPU_FIT`` minus memory (the ranking is by step time), plus
+the per-message collective cost and the DP overlap share: the trials' measured DP waits at different bucket
+sizes and overlap settings price the buckets (without them every refit kept picking the smallest bucket)."""
 TIME_METRICS = ("step_time_s", "forward_s", "backward_incl_recompute_s", "optimizer_s", "dp_exposed_s", "pp_idle_s")
 
 log = logging.getLogger(__name__)
