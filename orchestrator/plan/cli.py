@@ -135,7 +135,7 @@ def plan(path: str | Path, overrides: list[str]) -> dict[str, Any]:
     return {
         "source": str(path), "overrides": list(overrides), "predicted": True,
         "efficiency_basis": cfg.efficiency.basis, "efficiency_note": cfg.efficiency.basis_note,
-        "sources": {"network": sources.network, "compute": sources.compute},
+        "sources": {"network": sources.network, "compute": sources.compute, "warnings": list(sources.warnings)},
         "peak_tflops_per_gpu": cfg.cluster.peak_tflops, "num_gpus": cfg.cluster.num_gpus,
         "knobs": pl.knob_values(cfg), "baseline_step_time_s": base_pred.step_time_s,
         "target": target.describe(base_pred.step_time_s) if target else None, "target_s": target_s,
@@ -167,6 +167,7 @@ def render(out: Mapping[str, Any]) -> str:
              f"{k['pipeline.schedule']}, recompute {k['recompute.kind']}, {_dp_text(k)}",
              f"efficiency set: {out['efficiency_basis']}" + (f" ({out['efficiency_note']})" if out["efficiency_note"] else ""),
              f"network: {out['sources']['network']}",
+             *out["sources"].get("warnings", []),
              f"step time: ~{p['step_time_s']:.3f} s per update; band {p['step_time_low_s']:.3f}-"
              f"{p['step_time_high_s']:.3f} s ({p['band_basis']})",
              "breakdown (critical path, s): " + ", ".join(f"{n} {p[key]:.3f}" for n, key in _PARTS)

@@ -40,8 +40,11 @@ FLOAT_POINTS = 3
 FAMILIES = {"parallel.": "pipeline", "pipeline.": "pipeline", "data_parallel.": "overlap",
             "recompute.": "recompute", "batch.": "microbatch"}
 """Knob families by param prefix: what a spread of first picks varies."""
-FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "pp_bw_eff", "dp_bw_eff", "optimizer_bw_eff")
-"""Efficiency fields refitted online: ``calibration.CPU_FIT`` minus memory (the ranking is by step time)."""
+FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "pp_bw_eff", "dp_bw_eff", "optimizer_bw_eff",
+       "collective_latency_us", "dp_overlap_eff")
+"""Efficiency fields refitted online: ``calibration.CPU_FIT`` minus memory (the ranking is by step time), plus
+the per-message collective cost and the DP overlap share: the trials' measured DP waits at different bucket
+sizes and overlap settings price the buckets (without them every refit kept picking the smallest bucket)."""
 TIME_METRICS = ("step_time_s", "forward_s", "backward_incl_recompute_s", "optimizer_s", "dp_exposed_s", "pp_idle_s")
 
 log = logging.getLogger(__name__)
@@ -283,7 +286,11 @@ def start_efficiency(sampler: Any, source: str | None) -> Any:
         return None
     if sampler.kind != "guided":
         raise ValueError(f"sampler.calibration: only sampler.kind=guided reads it (kind is {sampler.kind})")
+    from orchestrator.plan.hardware import file_mismatch, this_host
+
     path = resolve_path(sampler.calibration, Path(source).parent if source else None)
+    if w := file_mismatch(path, host=this_host(), what="the guided search"):
+        log.warning("sampler.calibration %s: %s", path, w)
     try:
         return load_calibration(path)
     except ValueError as e:

@@ -184,57 +184,116 @@ class TierFit:
     """Per-GPU bandwidth as the cluster file states it (for inter-node: the bus bandwidth over members per node)."""
     latency_us: float
     rel_rms: float
-    """Root-mean-square relative error of the fit over its points."""
+    """Root-mean-square relative error of the fit over all its points."""
     tables: tuple[Table, ...]
+    table_rel_rms: tuple[float, ...] = ()
+    """The same error over each table's own points, in ``tables``' order."""
+
+
+FIT_WARN = 0.20
+"""A table whose own fit error (RMS relative) is above this is flagged: the formulas do not describe it, or
+the host was too busy to measure it."""
+LATENCY_SHARE = 0.1
+"""A point belongs to the latency regime when the fitted bandwidth term is under this share of its time."""
+
+
+def _rows(t: Table) -> list[tuple[float, float, float]]:
+    """(hops, bytes over the per-GPU bandwidth, seconds) per point, with the planner's formulas."""
+    # A send-receive is one flow per GPU; a collective spanning nodes runs one ring per member's NIC, and bus
+    # bandwidth = per-GPU bandwidth x members per node (comm.bus_bandwidth).
+    per_node = 1 if t.tier == "intra_node" or t.collective == "sendrecv" else t.ranks_per_node
+    n = t.ranks if t.collective != "sendrecv" else 2
+    out = []
+    for p in t.points:
+        hops, vol = hops_and_volume(t.collective, n, p.size_bytes)
+        out.append((hops, vol / per_node, p.time_us * 1e-6))
+    return out
+
+
+def _fit_tier(rows: np.ndarray) -> tuple[float, float]:
+    """(alpha s per hop, seconds per byte) for rows of (hops, bytes, seconds).
+
+    Two regimes, each fitted where it dominates: a first joint least-squares fit on the relative error says
+    which points are latency-bound (bandwidth term under ``LATENCY_SHARE`` of the time); alpha is the median
+    of their time per hop (robust to the odd slow repetition of a tiny message), and the bandwidth is then
+    fitted, alpha held, on the relative error of the rest. A table with no latency-bound point keeps the
+    joint fit's alpha.
+    """
+    h, v, t = rows[:, 0], rows[:, 1], rows[:, 2]
+    a = np.stack([h / t, v / t], axis=1)
+    coef, *_ = np.linalg.lstsq(a, np.ones(len(t)), rcond=None)
+    alpha, inv_bw = float(coef[0]), float(coef[1])
+    if alpha < 0:  # latency cannot be negative: refit bandwidth alone
+        alpha, inv_bw = 0.0, float(np.linalg.lstsq(a[:, 1:], np.ones(len(t)), rcond=None)[0][0])
+    if inv_bw <= 0:
+        return alpha, inv_bw
+    small = (v * inv_bw < LATENCY_SHARE * t) & (h > 0)
+    if small.any():
+        alpha = float(np.median(t[small] / h[small]))
+        big = ~small
+        if big.any():
+            x, y = v[big] / t[big], 1.0 - alpha * h[big] / t[big]
+            inv_bw = float(np.dot(x, y) / np.dot(x, x))
+    return alpha, inv_bw
 
 
 def fit(tables: list[Table]) -> dict[str, TierFit]:
-    """Alpha-beta per tier, jointly over every table of that tier (see the module docstring)."""
+    """Alpha-beta per tier, jointly over every table of that tier (see the module docstring and ``_fit_tier``);
+    each table's own fit error is kept (``TierFit.table_rel_rms``)."""
     out = {}
     for tier in ("intra_node", "inter_node"):
         mine = [t for t in tables if t.tier == tier]
         if not mine:
             continue
-        rows, scale = [], []
-        for t in mine:
-            # A send-receive is one flow per GPU; a collective spanning nodes runs one ring per member's NIC.
-            per_node = 1 if t.tier == "intra_node" or t.collective == "sendrecv" else t.ranks_per_node
-            n = t.ranks if t.collective != "sendrecv" else 2
-            for p in t.points:
-                hops, vol = hops_and_volume(t.collective, n, p.size_bytes)
-                # bus bandwidth = per-GPU bandwidth x members per node (comm.bus_bandwidth), so the
-                # per-GPU unknown's coefficient is volume / members per node.
-                rows.append((hops / (p.time_us * 1e-6), vol / per_node / (p.time_us * 1e-6)))
-        a = np.array(rows)
-        b = np.ones(len(rows))
-        coef, *_ = np.linalg.lstsq(a, b, rcond=None)
-        alpha, inv_bw = float(coef[0]), float(coef[1])
-        if alpha < 0:  # latency cannot be negative: refit bandwidth alone
-            alpha, inv_bw = 0.0, float(np.linalg.lstsq(a[:, 1:], b, rcond=None)[0][0])
+        per_table = [np.array(_rows(t)) for t in mine]
+        rows = np.concatenate(per_table)
+        alpha, inv_bw = _fit_tier(rows)
         # The bandwidth term must explain a real part of the largest message's time, or it is fitted noise.
-        if inv_bw <= 0 or float(np.max(a[:, 1])) * inv_bw < 0.1:
+        if inv_bw <= 0 or float(np.max(rows[:, 1] / rows[:, 2])) * inv_bw < 0.1:
             raise ValueError(f"{', '.join(t.source for t in mine)}: the times do not grow with the size; "
                              f"cannot fit a bandwidth (measure sizes up to at least a few hundred MB)")
-        rel = a @ np.array([alpha, inv_bw]) - 1.0
-        out[tier] = TierFit(tier, 1e-9 / inv_bw, alpha * 1e6, float(np.sqrt(np.mean(rel ** 2))), tuple(mine))
+
+        def rms(r: np.ndarray) -> float:
+            rel = (alpha * r[:, 0] + inv_bw * r[:, 1]) / r[:, 2] - 1.0
+            return float(np.sqrt(np.mean(rel ** 2)))
+
+        out[tier] = TierFit(tier, 1e-9 / inv_bw, alpha * 1e6, rms(rows), tuple(mine),
+                            tuple(rms(r) for r in per_table))
     return out
+
+
+def fit_warnings(fits: dict[str, TierFit]) -> list[str]:
+    """One line per table whose own fit error is over ``FIT_WARN``."""
+    return [f"warning: {Path(t.source).name} ({t.collective}, {f.tier}): fit error {e:.0%} > {FIT_WARN:.0%}: the "
+            f"latency + bytes/bandwidth line does not describe it (a busy host? measure again, or with more "
+            f"iterations)" for f in fits.values() for t, e in zip(f.tables, f.table_rel_rms) if e > FIT_WARN]
 
 
 # ---- the cluster file ---------------------------------------------------------------------------------
 
 TIER_FIELDS = {"intra_node": ("intra_node_bw_GBps", "intra_node_latency_us"),
                "inter_node": ("inter_node_bw_GBps", "inter_node_latency_us")}
-BW_EFFICIENCY = {"intra_node_bw_GBps": ("tp_bw_eff",), "inter_node_bw_GBps": ("dp_bw_eff", "pp_bw_eff")}
-"""The planner's bandwidth efficiency that scales each tier (tensor parallelism stays in a node; data and
-pipeline parallelism span nodes): 1 once the tier is measured, as nccl-tests' bus bandwidth is achieved."""
+def measured_efficiencies(cluster: dict, tiers: set[str]) -> tuple[str, ...]:
+    """The planner's bandwidth efficiencies that become 1 once ``tiers`` are measured: each kind of traffic
+    whose every link in this cluster is a measured one (nccl-tests' bus bandwidth is what was achieved).
+
+    Tensor parallelism stays in a node: ``tp_bw_eff`` with the intra-node tier. Data- and pipeline-parallel
+    groups stay in a node when the whole job does (``num_gpus <= gpus_per_node``), else they cross nodes:
+    ``dp_bw_eff`` and ``pp_bw_eff`` with the inter-node tier, or with the intra-node tier on one node.
+    """
+    one_node = int(cluster.get("num_gpus", 8)) <= int(cluster.get("gpus_per_node", 8))
+    out = ["tp_bw_eff"] if "intra_node" in tiers else []
+    if "inter_node" in tiers or (one_node and "intra_node" in tiers):
+        out += ["dp_bw_eff", "pp_bw_eff"]
+    return tuple(out)
 
 
 def cluster_file(base: dict, fits: dict[str, TierFit], when: str, command: str) -> dict:
     """``base`` (a cluster file's mapping) with the measured tiers written over it, and their provenance.
 
-    nccl-tests' bus bandwidth is what the collectives achieved, so the bandwidth efficiencies of the tiers
-    measured become 1 (``BW_EFFICIENCY``; the planner multiplies them onto the cluster's bandwidth); a tier
-    not measured keeps the base file's values and is listed as a prior.
+    nccl-tests' bus bandwidth is what the collectives achieved, so the bandwidth efficiencies of the traffic
+    that runs over measured tiers only become 1 (``measured_efficiencies``; the planner multiplies them onto
+    the cluster's bandwidth); a tier not measured keeps the base file's values and is listed as a prior.
     """
     cluster = dict(base.get("cluster") or {})
     efficiency = dict(base.get("efficiency") or {})
@@ -243,13 +302,13 @@ def cluster_file(base: dict, fits: dict[str, TierFit], when: str, command: str) 
         bw, lat = TIER_FIELDS[tier]
         cluster[bw], cluster[lat] = round(f.bw_GBps, 4), round(f.latency_us, 3)
         measured += [bw, lat]
-        for t in f.tables:
+        for t, err in zip(f.tables, f.table_rel_rms):
             sizes = [p.size_bytes for p in t.points]
             sources.append({"file": t.source, "collective": t.collective, "tier": tier, "ranks": t.ranks,
                             "nodes": t.nodes, "ranks_per_node": t.ranks_per_node, "devices": list(t.devices),
                             "sizes_bytes": [min(sizes), max(sizes)], "points": len(t.points),
-                            "fit_rel_rms": round(f.rel_rms, 4)})
-    efficiency.update({e: 1.0 for f in measured for e in BW_EFFICIENCY.get(f, ())})
+                            "fit_rel_rms": round(err, 4), "tier_fit_rel_rms": round(f.rel_rms, 4)})
+    efficiency.update({e: 1.0 for e in measured_efficiencies(cluster, set(fits))})
     priors = [k for fields in TIER_FIELDS.values() for k in fields if k not in measured]
     return {"cluster": cluster, "efficiency": efficiency,
             "provenance": {"basis": "measured", "measured": measured, "priors": priors,
@@ -328,10 +387,13 @@ def run(args) -> int:
         tmp.unlink()
         raise
     os.replace(tmp, out)
-    print(f"{'tier':<11} {'GB/s per GPU':>12} {'latency us':>10} {'fit rms':>8}  tables")
+    print(f"{'tier':<11} {'GB/s per GPU':>12} {'latency us':>10} {'fit rms':>8}  tables (each with its own fit rms)")
     for f in fits.values():
         print(f"{f.tier:<11} {f.bw_GBps:12.4g} {f.latency_us:10.4g} {f.rel_rms:8.1%}  " + ", ".join(
-            f"{t.collective} x{t.ranks} on {t.nodes} node(s) ({Path(t.source).name})" for t in f.tables))
+            f"{t.collective} x{t.ranks} on {t.nodes} node(s) ({Path(t.source).name}: {e:.1%})"
+            for t, e in zip(f.tables, f.table_rel_rms)))
+    for w in fit_warnings(fits):
+        print(w, file=sys.stderr)
     print(f"wrote {out} (basis: measured; priors kept from {base.name}: "
           f"{', '.join(doc['provenance']['priors']) or 'none'})")
     return 0

@@ -1,11 +1,14 @@
-"""The compute, measured: a model-backend sweep file -> short real runs of its layer shape -> a calibration file.
+"""The compute, measured: a sweep file -> short real runs of its layer shape -> a calibration file.
 
-The slices and their memory check are ``orchestrator.plan.slices`` (pure). ``fit_slices`` hands the measured results to the
-planner's calibration, compute side only: the network stays whatever the cluster file says (``steptune
-netcal`` measures that half). ``run`` is ``steptune profile``; the slices run through the trial path a sweep
-uses, a warm Ray worker group (one world for every slice, parity off), handed in by the CLI as a
-``SliceRunner`` since this room may not import the backends; only when Ray cannot start do they run on the
-trainer's local launcher (``trainer.launch.spawn_many``), with a note.
+The slices and their memory check are ``orchestrator.plan.slices`` (pure; any sweep file: the model backend's
+``planner:`` section or the ray backend's ``trainer:`` section, several rank and layer counts). ``fit_slices``
+hands the measured results to the planner's calibration, compute side only; the data-parallel slices (bucket
+sizes x overlap) are fitted by ``orchestrator.plan.commfit``; the rest of the network stays whatever the cluster
+file says (``steptune netcal`` measures it). Every slice runs ``--repeats`` rounds and the fits take medians.
+``run`` is ``steptune profile``; the slices run through the trial path a sweep uses, a warm Ray worker group
+per rank count (parity off), handed in by the CLI as a ``SliceRunner`` since this room may not import the
+backends; only when Ray cannot start do they run on the trainer's local launcher (``trainer.launch.spawn_many``),
+with a note.
 """
 
 from __future__ import annotations
@@ -117,12 +120,14 @@ def measurements(slices: SlicePlan, results: Sequence[Any]) -> list[dict[str, An
         v = (r.phases.get(name) or {}).get("max")
         return float(v) if isinstance(v, (int, float)) else 0.0
 
-    plain = {(s.config.batch.micro_batch_size, s.config.tensor_parallel.size): r
-             for s, r in zip(slices.slices, results) if s.config.recompute.kind == "none"}
+    def key(c: Any) -> tuple:
+        return c.batch.micro_batch_size, c.tensor_parallel.size, c.model.n_layers, c.world_size
+
+    plain = {key(s.config): r for s, r in zip(slices.slices, results) if s.config.recompute.kind == "none"}
     out = []
     for s, r in zip(slices.slices, results):
         def per_layer(v: float) -> float:
-            return round(v / slices.layers, 6)
+            return round(v / s.config.model.n_layers, 6)
 
         row = {"name": s.name, "forward_s_per_layer": per_layer(phase(r, "forward")),
                "backward_s_per_layer": per_layer(phase(r, "backward")),
@@ -130,7 +135,7 @@ def measurements(slices: SlicePlan, results: Sequence[Any]) -> list[dict[str, An
                "optimizer_s_per_update": round(phase(r, "optimizer"), 6),
                "param_bytes_per_rank": (r.memory.get("param_bytes") or {}).get("max"),
                "saved_activation_peak_bytes_per_rank": (r.memory.get("saved_activation_peak_bytes") or {}).get("max")}
-        base = plain.get((s.config.batch.micro_batch_size, s.config.tensor_parallel.size))
+        base = plain.get(key(s.config))
         if s.config.recompute.kind != "none" and base is not None:
             row["recompute_s_per_layer"] = per_layer(max(0.0, phase(r, "backward") - phase(base, "backward")))
         out.append(row)
@@ -138,19 +143,10 @@ def measurements(slices: SlicePlan, results: Sequence[Any]) -> list[dict[str, An
 
 
 def hardware_name(results: Sequence[Any]) -> str:
-    """The GPU's name from the results, or this host's CPU model for a CPU run."""
-    name = results[0].ranks[0].device_name if results and results[0].ranks else "cpu"
-    if name != "cpu":
-        return name
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return "CPU: " + line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
+    """The GPU's name from the results, or this host's CPU model for a CPU run (``plan.hardware``)."""
+    from orchestrator.plan.hardware import of_results
 
-    return "CPU: " + (platform.processor() or platform.machine())
+    return of_results(results)
 
 
 def now() -> str:
@@ -174,20 +170,27 @@ DEFAULT_CLUSTER = "search_spaces/clusters/cpu-local.yaml"
 
 def add_arguments(p: Any) -> None:
     p.add_argument("--config", required=True, metavar="FILE",
-                   help="a sweep file with backend: model: its planner: model, job and knobs, and its space: "
-                        "micro-batch sizes and recompute kinds (e.g. search_spaces/tiny-profile.yaml)")
-    p.add_argument("--ranks", type=int, default=2, metavar="N",
-                   help="ranks to run the slices on, one Ray actor each (default: 2); the production "
-                        "tensor_parallel.size is kept when it divides N, else tp 1 (said)")
-    p.add_argument("--layers", type=int, default=2, metavar="L", help="transformer layers per slice (default: 2)")
+                   help="a sweep file: backend model (planner: + space:) or ray (trainer: + space:), e.g. "
+                        "search_spaces/tiny-profile.yaml")
+    p.add_argument("--ranks", default="2", metavar="N[,N]",
+                   help="local ranks to run the slices on, one or several (e.g. 1,2; default: 2)")
+    p.add_argument("--layers", default="2", metavar="L[,L]",
+                   help="transformer layers per slice, one or several (e.g. 1,2; default: 2)")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER, metavar="FILE",
                    help=f"this machine's cluster file: peak, memory budget, priors (default: {DEFAULT_CLUSTER})")
     p.add_argument("--out", metavar="FILE", help="calibration file to write (default: results/profile/<name>.yaml)")
     p.add_argument("--shrink", type=int, default=1, metavar="F",
                    help="divide hidden, heads, ffn and vocab by F so the slice fits (the fit then does not "
-                        "describe the production GEMMs)")
-    p.add_argument("--steps", type=int, default=4, metavar="S",
-                   help="updates per slice, the first one a warm-up (default: 4)")
+                        "describe the production GEMMs; model-backend files only)")
+    p.add_argument("--steps", type=int, default=4, metavar="S", help="updates per slice, the first one a warm-up (default: 4)")
+    p.add_argument("--repeats", type=int, default=3, metavar="R",
+                   help="runs of every slice, interleaved round by round; the fit takes each slice's median "
+                        "(default: 3)")
+    p.add_argument("--bootstrap", type=int, default=20, metavar="N",
+                   help="refits over resampled runs for each compute parameter's interval; one not pinned down "
+                        "refuses the file (default: 20; 0: skip; needs --repeats >= 2)")
+    p.add_argument("--no-dp-comm", action="store_true",
+                   help="skip the data-parallel communication slices (bucket sizes x overlap on/off at dp >= 2)")
     p.add_argument("--ray-address", metavar="ADDR",
                    help="run the slices on an existing Ray cluster (this repository shipped as the working_dir); one "
                         "that cannot be joined is an error (default: an embedded local Ray, as a sweep; if that "
@@ -197,6 +200,17 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--parity", action="store_true",
                    help="also check each slice against its one-rank canonical run (the sweep's parity gate); a "
                         "slice that fails is reported and left out of the fit (default: off, like a probe)")
+
+
+def int_list(flag: str, text: Any) -> list[int]:
+    """``--layers 1,2`` -> [1, 2]; ValueError naming the flag."""
+    try:
+        out = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or any(v < 1 for v in out):
+        raise ValueError(f"{flag}: expected integers >= 1, comma-separated (e.g. {flag} 1,2), got {text!r}")
+    return list(dict.fromkeys(out))
 
 
 def check_parity(slices: Sequence[Slice], results: Sequence[Any]) -> list[dict[str, Any]]:
@@ -218,61 +232,94 @@ def check_parity(slices: Sequence[Slice], results: Sequence[Any]) -> list[dict[s
     return out
 
 
+def _by_world(cfgs: list[Any], run: Callable[[list[Any]], "tuple[list[Any], str]"]) -> tuple[list[Any], str]:
+    """``run`` once per world size (a worker group or a local world is formed for one rank count), order kept."""
+    sizes = list(dict.fromkeys(getattr(c, "world_size", 0) for c in cfgs))
+    if len(sizes) <= 1:
+        return run(cfgs)
+    out: list[Any] = [None] * len(cfgs)
+    wheres = []
+    for n in sizes:
+        idx = [i for i, c in enumerate(cfgs) if c.world_size == n]
+        got, where = run([cfgs[i] for i in idx])
+        for i, r in zip(idx, got):
+            out[i] = r
+        wheres.append(where)
+    return out, "; ".join(dict.fromkeys(wheres))
+
+
 def run_slices(cfgs: list[Any], device: str, runner: SliceRunner | None) -> tuple[list[Any], str]:
     """The slices on ``runner`` (the sweep's warm Ray group); on the local launcher only when there is no runner
-    or it cannot start, and then the second value says why."""
+    or it cannot start, and then the second value says why. One group or world per rank count."""
     if runner is not None:
         try:
-            return runner(cfgs, device)
+            return _by_world(cfgs, lambda c: runner(c, device))
         except RunnerUnavailable as e:
             why = f"Ray could not start ({str(e).splitlines()[0][:200]})"
     else:
         why = "no Ray runner was given"
     from trainer.launch import spawn_many
 
-    return spawn_many(cfgs), f"the trainer's local launcher (note: {why})"
+    return _by_world(cfgs, lambda c: (spawn_many(c), f"the trainer's local launcher (note: {why})"))
 
 
 def run(args: Any, runner: SliceRunner | None = None) -> int:
-    """``steptune profile``: derive, check memory, run (on ``runner``), fit, write; exit 2 before running on bad
-    input."""
+    """``steptune profile``: derive, check memory, run (on ``runner``) ``--repeats`` rounds, fit compute and DP
+    communication, write; exit 2 before running on bad input, 1 when a fit is refused (nothing written)."""
     import yaml
 
+    from orchestrator.plan import commfit, hardware
+    from orchestrator.plan.stability import compute_intervals, median_run, unpinned
     from orchestrator.plan.calibration import load_calibration, write_calibration
-    from orchestrator.plan.prefilter import load_cluster
+    from orchestrator.plan.prefilter import load_cluster, plan_for_trial
+    from orchestrator.plan.slices import derive_any
     from orchestrator.plan.sources import resolve
 
     path = Path(args.config)
     if not path.is_file():
         raise ValueError(f"--config {path}: no such file")
     raw = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(raw, Mapping) or raw.get("backend", "model") != "model" or "planner" not in raw:
-        raise ValueError(f"--config {path}: expected a sweep file with backend: model and a planner: section")
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"--config {path}: expected a sweep file (a mapping)")
+    ranks, layers = int_list("--ranks", args.ranks), int_list("--layers", args.layers)
+    if args.repeats < 1:
+        raise ValueError(f"--repeats: must be an integer >= 1, got {args.repeats}")
     cluster, prior = load_cluster(args.cluster)
-    planner, _ = resolve(raw["planner"], path.parent)
+    if raw.get("backend", "model") == "model" and isinstance(raw.get("planner"), Mapping):
+        raw = {**raw, "planner": resolve(raw["planner"], path.parent)[0]}
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    slices = derive_slices({**raw, "planner": planner}, args.ranks, args.layers, args.shrink, args.steps, device)
-    if device == "cuda" and torch.cuda.device_count() < args.ranks:
-        raise ValueError(f"--ranks {args.ranks}: this node has {torch.cuda.device_count()} GPU(s)")
-    if refusal := memory_refusal(slices, cluster, prior, args.cluster):
+    if raw.get("backend") == "ray" and device == "cuda":
+        raw = {**raw, "trainer": {**raw["trainer"], "run": {**(raw["trainer"].get("run") or {}), "device": "cuda"}}}
+    derive = lambda f: derive_any(raw, ranks, layers, f, args.steps, device, not args.no_dp_comm)  # noqa: E731
+    slices, comm = derive(args.shrink)
+    if device == "cuda" and torch.cuda.device_count() < max(ranks):
+        raise ValueError(f"--ranks {max(ranks)}: this node has {torch.cuda.device_count()} GPU(s)")
+    whole = dataclasses.replace(slices, slices=slices.slices + comm)
+    if refusal := memory_refusal(whole, cluster, prior, args.cluster):
         # Name the smallest power-of-two shrink that fits, so the next command is one edit away.
-        shrink = next((f for f in (args.shrink * 2 ** k for k in range(1, 11)) if memory_refusal(
-            derive_slices({**raw, "planner": planner}, args.ranks, args.layers, f, args.steps, device),
-            cluster, prior, args.cluster) is None), None)
+        shrink = next((f for f in (args.shrink * 2 ** k for k in range(1, 11)) if raw.get("backend", "model") ==
+                       "model" and memory_refusal(derive(f)[0], cluster, prior, args.cluster) is None), None)
         raise ValueError(refusal + (f"; --shrink {shrink} fits" if shrink else ""))
     out = Path(args.out) if args.out else Path("results") / "profile" / f"{raw.get('name', path.stem)}.yaml"
-    print(f"profiling {len(slices.slices)} slice(s) of {path} on {args.ranks} {device} rank(s), tp {slices.tp}: "
-          + ", ".join(f"{k} {v}" for k, v in slices.shape.items()) + f", {slices.layers} layers")
+    print(f"profiling {len(slices.slices)} compute slice(s) + {len(comm)} data-parallel slice(s) of {path} on "
+          f"{'/'.join(map(str, ranks))} {device} rank(s), {'/'.join(map(str, layers))} layer(s), {args.repeats} "
+          f"round(s): " + ", ".join(f"{k} {v}" for k, v in slices.shape.items()))
     for note in slices.notes:
         print(f"  note: {note}")
-    results, where = run_slices([s.config for s in slices.slices], device, runner)
+    every = list(whole.slices)
+    flat, where = run_slices([s.config for s in every] * args.repeats, device, runner)
     print(f"ran on {where}")
-    failed = [(s.name, r) for s, r in zip(slices.slices, results) if isinstance(r, BaseException)]
-    for name, err in failed:
-        print(f"slice {name} failed: {str(err).splitlines()[0][:300]}")
-    kept = [(s, r) for s, r in zip(slices.slices, results) if not isinstance(r, BaseException)]
+    runs: dict[str, list[Any]] = {s.name: [] for s in every}
+    for i, r in enumerate(flat):
+        s = every[i % len(every)]
+        if isinstance(r, BaseException):
+            print(f"slice {s.name} (round {i // len(every) + 1}) failed: {str(r).splitlines()[0][:300]}")
+        else:
+            runs[s.name].append(r)
+    failed = any(isinstance(r, BaseException) for r in flat)
+    kept = [(s, median_run(runs[s.name])) for s in slices.slices if runs[s.name]]
     if not kept:
         print("no slice ran to the end: nothing to fit, nothing written")
         return 1
@@ -291,12 +338,49 @@ def run(args: Any, runner: SliceRunner | None = None) -> int:
     eff = dataclasses.replace(fitted.calibration.efficiency, basis="fitted",
                               basis_note=f"steptune profile of {path.name} on this node"
                                          + (f" (shrunk {args.shrink}x: not the production GEMMs)" if args.shrink > 1 else ""))
-    cal = dataclasses.replace(fitted.calibration, efficiency=eff)
-    prov = provenance(ran, fitted, [r for _, r in kept], str(path), args.cluster, hardware_name([r for _, r in kept]),
+    intervals: dict[str, tuple[float, float]] = {}
+    if args.repeats > 1 and args.bootstrap > 0:
+        intervals = compute_intervals(ran, {s.name: runs[s.name] for s in ran.slices},
+                                      lambda rs: fit_slices(ran, rs, cluster, prior).calibration.fitted, args.bootstrap)
+        print("compute fit, 90% intervals (bootstrap over runs): " + ", ".join(
+            f"{k} {lo:.4g}-{hi:.4g}" for k, (lo, hi) in intervals.items()))
+        if why := unpinned(fitted.calibration.fitted, intervals, {s.name: runs[s.name] for s in ran.slices}):
+            print(f"compute: {why}: nothing written")
+            return 1
+    comm_fit = None
+    if comm:
+        obs = [commfit.DPObservation(s.name, plan_for_trial(s.config, cluster, eff), tuple(
+            float((r.phases.get("dp_comm_wait") or {}).get("max") or 0.0) for r in runs[s.name]))
+            for s in comm if runs[s.name]]
+        try:
+            comm_fit = commfit.fit_dp_comm(obs, eff)
+        except ValueError as e:
+            print(f"data-parallel communication: {e}: nothing written")
+            return 1
+        print()
+        print(commfit.format_comm_fit(comm_fit))
+        if comm_fit.refusal:
+            print(f"data-parallel communication: {comm_fit.refusal}: nothing written")
+            return 1
+        eff = comm_fit.efficiency(eff)
+    cal = dataclasses.replace(fitted.calibration, efficiency=eff, fitted={
+        **fitted.calibration.fitted, **(comm_fit.values if comm_fit else {})})
+    results = [r for _, r in kept]
+    prov = provenance(ran, fitted, results, str(path), args.cluster, hardware_name(results),
                       str(torch.__version__), now())
+    prov.update(hardware.identity(results, cluster.peak_tflops))
+    prov.update({"ranks": ranks, "layers": layers, "repeats": args.repeats,
+                 "compute_interval_90": {k: [round(lo, 6), round(hi, 6)] for k, (lo, hi) in intervals.items()}
+                 or "not estimated (--repeats 1 or --bootstrap 0)",
+                 "runs_step_s": {n: [round(float(r.summary.step_time_s), 6) for r in rs] for n, rs in runs.items()},
+                 "dp_comm": commfit.provenance(comm_fit) if comm_fit else "not measured (dp 1 or --no-dp-comm): "
+                 "dp_latency_us, dp_bw_eff and dp_overlap_eff are the cluster file's"})
+    if comm_fit:
+        prov["network"] = ("tp/pp bandwidth efficiencies are the cluster file's (steptune netcal); "
+                           "dp_latency_us, dp_bw_eff, dp_overlap_eff fitted to the data-parallel slices")
     prov["parity"] = checked or "off (steptune profile --parity checks each slice against its canonical run)"
     write_calibration(cal, out, cluster_file=args.cluster, provenance=prov,
-                      header="# Planner compute efficiency fitted by `steptune profile` to measured slices of the "
+                      header="# Planner efficiency fitted by `steptune profile` to measured slices of the "
                              "production layer shape.\n# Use it as planner.calibration_file=THIS; only the "
                              "efficiency: section is read back.\n")
     load_calibration(out)  # what was written must read back
@@ -304,6 +388,7 @@ def run(args: Any, runner: SliceRunner | None = None) -> int:
     print(format_table(fitted))
     print()
     print("fitted: " + ", ".join(f"{k} = {v:.4g}" for k, v in cal.fitted.items()))
+    print(f"measured on {prov['hardware']} (torch {prov['torch']}, {prov['backend']})")
     print(f"wrote {out} (basis: measured{', shrunk: not the production GEMMs' if args.shrink > 1 else ''}); use it:")
     print(f"  {steptune()} plan --config {shlex.quote(str(path))} {shlex.quote(f'planner.calibration_file={out}')}")
     return 0 if not failed else 1

@@ -179,6 +179,74 @@ def derive_trainer_slices(sweep: Mapping[str, Any], ranks: int = 2, layers: int 
     return SlicePlan(tuple(slices), shape, layers, ranks, 1, 1, ())
 
 
+def bucket_sizes(space: Mapping[str, Any] | None, base_mb: float) -> list[float]:
+    """The DP bucket sizes (MB) the DP slices run: the space's ``data_parallel.bucket_mb`` choices, or a float
+    range's ends and its geometric middle, or, without the knob, the trainer's own size and a tenth of it.
+    At least two, so the per-message cost and the bandwidth can be told apart (``plan.commfit``)."""
+    spec = ((space or {}).get("params") or {}).get("data_parallel.bucket_mb")
+    if isinstance(spec, Mapping) and "choices" in spec:
+        out = sorted({float(c) for c in spec["choices"]})
+    elif isinstance(spec, Mapping) and "low" in spec and "high" in spec:
+        lo, hi = float(spec["low"]), float(spec["high"])
+        out = sorted({lo, round((lo * hi) ** 0.5, 6), hi})
+    else:
+        out = sorted({float(base_mb), float(base_mb) / 10})
+    return out if len(out) >= 2 else sorted({out[0], out[0] / 10})
+
+
+def dp_comm_slices(base: Any, buckets: list[float], prefix: str) -> tuple[Slice, ...]:
+    """The data-parallel communication slices of one trainer slice config (dp >= 2): each bucket size with
+    gradient-reduce overlap off and on (``data_parallel.kind=replicate``, the trainer's bucketed all-reduce)."""
+    from trainer.knobs import ReplicateDP
+
+    if base.parallel.dp < 2:
+        raise ValueError(f"--ranks: the data-parallel slices need dp >= 2 (this slice has dp {base.parallel.dp})")
+    out = []
+    for mb in buckets:
+        for overlap in (False, True):
+            cfg = dataclasses.replace(base, data_parallel=ReplicateDP(overlap_grad_reduce=overlap, bucket_mb=mb))
+            out.append(Slice(f"{prefix} dp bucket_mb={mb:g} overlap={'on' if overlap else 'off'}", cfg))
+    return tuple(out)
+
+
+def derive_any(sweep: Mapping[str, Any], ranks: list[int], layers: list[int], shrink: int = 1, steps: int = 4,
+               device: str = "cpu", dp_comm: bool = True) -> tuple[SlicePlan, tuple[Slice, ...]]:
+    """The compute slices of any sweep file (backend model: ``derive_slices``; backend ray: ``derive_trainer_slices``)
+    at every rank count and layer count given, and the data-parallel communication slices (``dp_comm_slices`` of
+    the baseline slice at the most layers) for each rank count whose slices run at dp >= 2 with bucketed DP.
+    Names carry ranks and layers when there are several of either. ValueError naming the flag or field."""
+    backend = sweep.get("backend", "model")
+    if backend == "model":
+        if not isinstance(sweep.get("planner"), Mapping):
+            raise ValueError("planner: section missing (a backend: model sweep file needs one)")
+        one = lambda r, L: derive_slices(sweep, r, L, shrink, steps, device)  # noqa: E731
+    elif backend == "ray":
+        if shrink != 1:
+            raise ValueError("--shrink: only for model-backend files (a ray sweep's trainer: shape is what runs)")
+        one = lambda r, L: derive_trainer_slices(sweep, r, L, steps=steps, warmup=1)  # noqa: E731
+    else:
+        raise ValueError(f"backend: {backend!r}: profile reads a sweep file with backend: model or ray")
+    several = len(ranks) > 1 or len(layers) > 1
+    plans, comm = [], []
+    for r in ranks:
+        for L in layers:
+            p = one(r, L)
+            if several and backend == "model":
+                p = dataclasses.replace(p, slices=tuple(Slice(f"ranks={r} layers={L} {s.name}", s.config)
+                                                        for s in p.slices))
+            plans.append(p)
+            base = p.slices[0].config
+            if (dp_comm and L == max(layers) and base.parallel.dp >= 2
+                    and getattr(base.data_parallel, "kind", "") == "replicate"):
+                comm += dp_comm_slices(base, bucket_sizes(sweep.get("space"), base.data_parallel.bucket_mb),
+                                       f"ranks={r} layers={L}")
+    first = plans[0]
+    notes = tuple(dict.fromkeys(n for p in plans for n in p.notes))
+    merged = dataclasses.replace(first, slices=tuple(s for p in plans for s in p.slices), notes=notes,
+                                 layers=first.layers if not several else 0, ranks=first.ranks if not several else 0)
+    return merged, tuple(comm)
+
+
 def _model_notes(m: Any) -> list[str]:
     """What the trainer's GPT (pre-LayerNorm, GELU MLP, MHA, learned positions, no biases) cannot reproduce."""
     notes = []
@@ -205,7 +273,8 @@ def memory_refusal(slices: SlicePlan, cluster: ClusterSpec, prior: Efficiency, c
     for s in slices.slices:
         v = check.verdict(s.config)
         if v.skip:
-            return (f"slice {s.name} ({slices.layers} layers, d_model {slices.shape['d_model']}, tp {slices.tp}) "
+            return (f"slice {s.name} ({s.config.model.n_layers} layers, d_model {slices.shape['d_model']}, "
+                    f"tp {s.config.tensor_parallel.size}) "
                     f"needs {fmt_bytes(v.predicted_bytes)} per rank (predicted), over the "
                     f"{fmt_bytes(v.budget_bytes)} budget of {cluster_name}; nothing was run (a smaller shape: "
                     f"--shrink F, or a cluster file with more memory)")

@@ -17,6 +17,7 @@ network and the compute side saying which parts are measured and which are prior
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -24,7 +25,10 @@ from typing import Any, Mapping
 import yaml
 
 from orchestrator.commands import steptune
-from orchestrator.plan.netcal import BW_EFFICIENCY, TIER_FIELDS
+from orchestrator.plan.hardware import mismatch
+from orchestrator.plan.netcal import TIER_FIELDS, measured_efficiencies
+
+log = logging.getLogger(__name__)
 
 FILE_KEYS = ("cluster_file", "calibration_file")
 
@@ -35,9 +39,11 @@ class Sources:
     """Where the cluster's bandwidth and latency come from."""
     compute: str
     """Where the efficiency set comes from."""
+    warnings: tuple[str, ...] = ()
+    """A calibration file measured on other hardware than the cluster asked about (``plan.hardware``)."""
 
     def lines(self) -> list[str]:
-        return [f"network: {self.network}", f"compute: {self.compute}"]
+        return [f"network: {self.network}", f"compute: {self.compute}", *self.warnings]
 
 
 def resolve_path(path: str | Path, base_dir: Path | None) -> Path:
@@ -63,6 +69,7 @@ def resolve(planner: Mapping[str, Any], base_dir: Path | None = None) -> tuple[d
     cluster_path, cal_path = out.pop("cluster_file", None), out.pop("calibration_file", None)
     network = "prior: the planner section's cluster figures (datasheet values and stated assumptions)"
     measured_eff: set[str] = set()
+    warnings: list[str] = []
     if cluster_path:
         path = resolve_path(str(cluster_path), base_dir)
         data = _load(path, "cluster_file")
@@ -78,7 +85,8 @@ def resolve(planner: Mapping[str, Any], base_dir: Path | None = None) -> tuple[d
                              f"section lacks")
         out["cluster"] = {**(out.get("cluster") or {}), **{k: data["cluster"][k] for k in take}}
         if measured:
-            measured_eff = {e for f in measured for e in BW_EFFICIENCY.get(f, ())}
+            tiers = {t for t, fields in TIER_FIELDS.items() if all(f in measured for f in fields)}
+            measured_eff = set(measured_efficiencies({**data["cluster"], **out["cluster"]}, tiers))
             sources = ", ".join(sorted({f"{s.get('collective')} x{s.get('ranks')} on {s.get('nodes')} node(s)"
                                         for s in prov.get("sources") or []}))
             rest = [f for fields in TIER_FIELDS.values() for f in fields if f not in measured]
@@ -93,8 +101,18 @@ def resolve(planner: Mapping[str, Any], base_dir: Path | None = None) -> tuple[d
             raise ValueError(f"planner.calibration_file: {path}: expected an efficiency: section "
                              f"(write one with {steptune()} calibrate)")
         out["efficiency"] = {**data["efficiency"], "basis": "fitted", "basis_note": f"calibration file {path.name}"}
+        peak = (out.get("cluster") or {}).get("peak_tflops")
+        prov = data.get("provenance")
+        if isinstance(prov, Mapping) and (w := mismatch(prov, peak_tflops=float(peak) if peak else None,
+                                                            what="the plan")):
+            warnings.append(f"{w} ({path.name})")
+            log.warning("%s (%s)", w, path.name)
+        if (data.get("provenance") or {}).get("basis") == "measured":
+            # A bandwidth efficiency fitted to measured slices (profile's data-parallel slices) is a measurement
+            # of the same links, through the trainer's own buckets: it stands.
+            measured_eff -= set((data.get("calibration") or {}).get("fitted") or [])
     if measured_eff:  # last, so a calibration's fitted bandwidth efficiencies do not undo a measured network
         out["efficiency"] = {**(out.get("efficiency") or {}), **{e: 1.0 for e in measured_eff}}
     eff = out.get("efficiency") or {}
     compute = f"efficiency set {eff.get('basis', 'prior')}" + (f" ({eff['basis_note']})" if eff.get("basis_note") else "")
-    return out, Sources(network, compute)
+    return out, Sources(network, compute, tuple(warnings))

@@ -33,11 +33,13 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "matmul_eff": (0.02, 0.99), "attention_eff": (0.02, 0.99), "flash_attention_eff": (0.02, 0.99), "tp_bw_eff": (0.02, 0.99),
     "pp_bw_eff": (0.02, 0.99), "dp_bw_eff": (0.01, 0.99), "optimizer_bw_eff": (0.02, 0.99), "elementwise_bw_eff": (0.02, 0.99),
     "gemm_tokens_half": (0.0, 1e5), "op_overhead_us": (0.0, 1e5),
+    "collective_latency_us": (0.0, 1e5), "dp_latency_us": (0.0, 1e5), "dp_overlap_eff": (0.0, 1.0),
     "mem_reserved_gb": (0.0, 100.0), "mem_activation_factor": (0.5, 4.0),
 }
 """Fractions are fitted through a logit between their bounds; the rest through log(x + scale), so a
 parameter starting at 0 can still move."""
-_SCALE = {"gemm_tokens_half": 16.0, "op_overhead_us": 5.0, "mem_reserved_gb": 0.5,
+_SCALE = {"gemm_tokens_half": 16.0, "op_overhead_us": 5.0, "collective_latency_us": 20.0, "dp_latency_us": 20.0,
+          "mem_reserved_gb": 0.5,
           "mem_activation_factor": 0.1}
 DEFAULT_FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "tp_bw_eff", "dp_bw_eff",
                "mem_reserved_gb", "mem_activation_factor")
@@ -132,7 +134,9 @@ def _evaluate(cfg: PlanConfig, knobs: Any, eff: Efficiency) -> dict[str, float]:
 def _to_z(name: str, x: float) -> float:
     lo, hi = BOUNDS[name]
     if hi <= 1.0:
-        u = min(max((x - lo) / (hi - lo), 1e-9), 1 - 1e-9)
+        # A start on a bound (dp_overlap_eff 1, a measured network's 1) starts just inside it, where the
+        # logit still has a slope; exactly on it the fit could never move.
+        u = min(max((x - lo) / (hi - lo), 1e-3), 1 - 1e-3)
         return float(np.log(u / (1 - u)))
     return float(np.log(min(max(x, lo), hi) + _SCALE[name]))
 

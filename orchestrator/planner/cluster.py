@@ -287,6 +287,21 @@ class Efficiency:
     dp_bw_eff: float = 0.7
     """Achieved fraction of link bandwidth for data-parallel collectives when every replica group
     communicates at once (fabric contention lowers it at scale)."""
+    collective_latency_us: float = 0.0
+    """Fixed cost of one collective or send besides the link's latency per hop, microseconds: the launch and the
+    framework's dispatch (a DDP bucket hook, a Python call into gloo). Every message pays it once, so n
+    data-parallel buckets pay it n times. About 0 for NCCL from C++ (the hop latency covers it); fitted from
+    2-rank data-parallel slices at two bucket sizes (``steptune profile``), near 1000 for gloo buckets on a
+    loaded 2-core host."""
+    dp_latency_us: float | None = None
+    """Latency of one data-parallel bucket's collective as the trainer's own buckets pay it (the hook, the
+    dispatch, the rendezvous of the ranks), microseconds, in place of the link's hops x latency +
+    collective_latency_us for DP buckets; fitted by ``steptune profile`` from 2-rank data-parallel slices at two
+    or more bucket sizes. None: priced from the link."""
+    dp_overlap_eff: float = 1.0
+    """Fraction of the compute window under which overlapped data-parallel buckets progress: 1 where the
+    collectives run on their own engine beside the compute (NCCL on GPUs); less where they compete with it for
+    the same cores (gloo threads beside CPU compute). Fitted from 2-rank slices with overlap on and off."""
     elementwise_bw_eff: float = 0.8
     """Achieved fraction of HBM bandwidth in streaming elementwise kernels (LayerNorm, bias-dropout-add,
     GeLU). A stated value, not fitted: large contiguous copies reach 80-90% of the HBM datasheet figure on
@@ -316,5 +331,9 @@ class Efficiency:
                 check_num(self, "flash_attention_eff", lo=0.0, hi=1.0, lo_open=True)
             check_num(self, "gemm_tokens_half", lo=0.0)
             check_num(self, "op_overhead_us", lo=0.0)
+            check_num(self, "collective_latency_us", lo=0.0)
+            check_num(self, "dp_overlap_eff", lo=0.0, hi=1.0)
+            if self.dp_latency_us is not None:
+                check_num(self, "dp_latency_us", lo=0.0)
             check_num(self, "mem_reserved_gb", lo=0.0)
             check_num(self, "mem_activation_factor", lo=0.5, hi=4.0)

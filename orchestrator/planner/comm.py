@@ -41,7 +41,16 @@ produces its buffer, in one of two ways (Megatron's default userbuffer config, p
 
 Either way at most the GEMM is hidden and never more than the communication.
 
-Nothing here is fitted: every exposed second follows from sizes, bandwidths and the compute it overlaps.
+Every collective and every send is priced per message as latency + bytes / bandwidth: the link's latency per
+hop (alpha, ``cluster.*_latency_us``: what nccl-tests or ``netcal``'s small sizes measure) and, on top, a fixed
+cost per message (``overhead_s``, ``efficiency.collective_latency_us``: the launch, the framework's dispatch and
+hook; a few microseconds on NCCL, about a millisecond for a gloo bucket on a loaded CPU host). A data-parallel
+step of n buckets pays n messages, so halving the bucket doubles its latency term; the same formulas price
+NCCL and gloo, only the figures differ.
+
+Overlap hides a bucket under at most ``overlap_eff`` of the compute window (``efficiency.dp_overlap_eff``): 1
+where communication runs on its own engine (GPU copy engines / SMs beside the compute), less where it competes
+for the same cores (gloo's threads beside the compute on a CPU host). The last bucket is always exposed.
 """
 
 from __future__ import annotations
@@ -59,45 +68,54 @@ def bus_bandwidth(members: int, members_per_node: int, intra_Bps: float, inter_B
     return float(min(intra_Bps, max(1, members_per_node) * inter_Bps))
 
 
-def reduce_scatter_time(n: int, nbytes, bus_Bps: float, alpha_s: float):
-    """Ring reduce-scatter of an ``nbytes`` buffer (the full, unsharded size) over n GPUs, seconds."""
+def reduce_scatter_time(n: int, nbytes, bus_Bps: float, alpha_s: float, overhead_s: float = 0.0):
+    """Ring reduce-scatter of an ``nbytes`` buffer (the full, unsharded size) over n GPUs, seconds: one
+    message, ``overhead_s`` plus (n-1) hops of ``alpha_s`` plus (n-1)/n of the buffer at the bus bandwidth."""
     nbytes = np.asarray(nbytes, dtype=float)
     if n <= 1:
         return np.zeros_like(nbytes)
-    return (n - 1) / n * nbytes / bus_Bps + (n - 1) * alpha_s
+    return (n - 1) / n * nbytes / bus_Bps + (n - 1) * alpha_s + overhead_s
 
 
 all_gather_time = reduce_scatter_time
 """All-gather into an ``nbytes`` buffer moves the same bytes over the same ring as reduce-scatter."""
 
 
-def all_reduce_time(n: int, nbytes, bus_Bps: float, alpha_s: float):
-    """All-reduce of ``nbytes`` over n GPUs: the faster of ring (2(n-1) hops) and tree (2 log2 n hops)."""
+def all_reduce_time(n: int, nbytes, bus_Bps: float, alpha_s: float, overhead_s: float = 0.0):
+    """All-reduce of ``nbytes`` over n GPUs: the faster of ring (2(n-1) hops) and tree (2 log2 n hops), one
+    message (``overhead_s`` once)."""
     nbytes = np.asarray(nbytes, dtype=float)
     if n <= 1:
         return np.zeros_like(nbytes)
     ring = 2.0 * (n - 1) / n * nbytes / bus_Bps + 2 * (n - 1) * alpha_s
     tree = 2.0 * (n - 1) / n * nbytes / bus_Bps + 2 * np.ceil(np.log2(n)) * alpha_s
-    return np.minimum(ring, tree)
+    return np.minimum(ring, tree) + overhead_s
 
 
-def p2p_time(nbytes, Bps: float, alpha_s: float):
-    """One point-to-point send between adjacent pipeline stages, seconds."""
-    return np.asarray(nbytes, dtype=float) / Bps + alpha_s
+def p2p_time(nbytes, Bps: float, alpha_s: float, overhead_s: float = 0.0):
+    """One point-to-point send between adjacent pipeline stages, seconds: one hop, one message."""
+    return np.asarray(nbytes, dtype=float) / Bps + alpha_s + overhead_s
 
 
-def bucket_tail(per_bucket, n_buckets, window):
+def bucketed_time(per_bucket, n_buckets):
+    """What n buckets cost sent back to back with nothing to hide under: n messages, each paying its own
+    latency, so n x (latency + bytes / n / bandwidth) = n x latency + bytes / bandwidth."""
+    return np.asarray(n_buckets, dtype=float) * np.asarray(per_bucket, dtype=float)
+
+
+def bucket_tail(per_bucket, n_buckets, window, overlap_eff: float = 1.0):
     """Seconds of communication left after a compute ``window`` during which n equal buckets become ready.
 
     Bucket i (0-based) is ready at (i+1) window / n and the buckets go out back to back, each taking
     ``per_bucket``. The last finishes at max(window + per_bucket, window/n + n per_bucket), so the tail
     after the window is never less than one bucket and never more than all of them, and at most the window
     is hidden. The same expression gives the parameter all-gather's exposure in front of a forward pass
-    whose bucket i is needed at i window / n.
+    whose bucket i is needed at i window / n. ``overlap_eff`` scales the window: the fraction of the compute
+    under which communication can progress (1 on a GPU; less where both share the same cores).
     """
     per_bucket = np.asarray(per_bucket, dtype=float)
     n_buckets = np.asarray(n_buckets, dtype=float)
-    window = np.maximum(np.asarray(window, dtype=float), 0.0)
+    window = np.maximum(np.asarray(window, dtype=float), 0.0) * float(overlap_eff)
     return np.maximum(per_bucket, n_buckets * per_bucket - window * (n_buckets - 1) / n_buckets)
 
 

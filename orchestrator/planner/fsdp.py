@@ -164,11 +164,11 @@ def fsdp_times(C: Consts, K: Knobs, f: np.ndarray, b: np.ndarray, bus: float,
     bytes/s; ``fill_slack``: how long each stage waits for its first input (pp > 1)."""
     weight_bytes, grad_bytes = state_bytes(C, K)
     p, R = block_params(C), root_params(C, K)
-    g = all_gather_time(C.d, weight_bytes * p, bus, C.lat_dp)
-    r = col(reduce_scatter_time(C.d, grad_bytes * p, bus, C.lat_dp))
+    g = all_gather_time(C.d, weight_bytes * p, bus, *C.dp_latency())
+    r = col(reduce_scatter_time(C.d, grad_bytes * p, bus, *C.dp_latency()))
     # A stage without embedding or head (a middle pipeline stage) has an empty root: no collective at all.
-    g0 = np.where(R > 0, all_gather_time(C.d, weight_bytes * R, bus, C.lat_dp), 0.0)
-    r0 = np.where(R > 0, reduce_scatter_time(C.d, col(grad_bytes) * R, bus, C.lat_dp), 0.0)
+    g0 = np.where(R > 0, all_gather_time(C.d, weight_bytes * R, bus, *C.dp_latency()), 0.0)
+    r0 = np.where(R > 0, reduce_scatter_time(C.d, col(grad_bytes) * R, bus, *C.dp_latency()), 0.0)
     # Interleaved: a microbatch passes each of the stage's v chunks (layers / v blocks) once.
     L, v = K.layers, col(K.v).astype(float)
     on = col(K.fsdp)

@@ -66,6 +66,17 @@ class Consts:
     gemms: tuple[tuple[int, int], ...] = ()
     """The layer's GEMMs in forward order, [input width, output width] (model.gemms)."""
 
+    @property
+    def msg_s(self) -> float:
+        """The fixed cost of one collective or send besides its hops (efficiency.collective_latency_us), s."""
+        return float(getattr(self.eff, "collective_latency_us", 0.0)) * 1e-6
+
+    def dp_latency(self) -> tuple[float, float]:
+        """(seconds per hop, seconds per message) of a data-parallel collective: the link's and
+        collective_latency_us, or, when efficiency.dp_latency_us is measured, 0 per hop and that per message."""
+        measured = getattr(self.eff, "dp_latency_us", None)
+        return (self.lat_dp, self.msg_s) if measured is None else (0.0, float(measured) * 1e-6)
+
     @classmethod
     def of(cls, cfg: PlanConfig, eff: object | None = None) -> "Consts":
         c, m, par, tp = cfg.cluster, cfg.model, cfg.parallel, cfg.tensor_parallel.size

@@ -11,7 +11,9 @@ Sources, per formula (also in docs/planner.md):
   ones are replicated over TP without sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2).
 * LM head: 2 b s V h forward (Narayanan et al. eq. 3's V/(16 l h) term), on the last stage only.
 * Collectives, alpha-beta ring model: reduce-scatter and all-gather move (n-1)/n of the buffer per GPU,
-  all-reduce 2(n-1)/n; each costs (n-1) hops of latency (Patarasuk & Yuan 2009; Thakur et al. 2005).
+  all-reduce 2(n-1)/n; each costs (n-1) hops of latency (Patarasuk & Yuan 2009; Thakur et al. 2005), plus
+  efficiency.collective_latency_us once per message (comm.py): TP collectives, pipeline sends and every
+  data-parallel bucket alike.
 * Tensor parallelism: per layer 2 all-reduces forward and 2 backward (Shoeybi et al. 2019); with sequence
   parallelism each becomes an all-gather + reduce-scatter of the same volume, plus 2 all-gathers in the
   backward pass for the weight gradients (Korthikanti et al. 2022, Sec. 4.2.2). With tensor_parallel.comm_overlap
@@ -32,8 +34,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import (all_gather_time, all_reduce_time, bucket_tail, bulk_overlap_exposed, bus_bandwidth,
-                   exposed_after_slack, pipelined_overlap_exposed, reduce_scatter_time)
+from .comm import (all_gather_time, all_reduce_time, bucket_tail, bucketed_time, bulk_overlap_exposed,
+                   bus_bandwidth, exposed_after_slack, p2p_time, pipelined_overlap_exposed, reduce_scatter_time)
 from .fsdp import fsdp_times
 from .knobs import Consts, Knobs, col, interleaved_warmup, op_kept_gemms, recomputed_layers, stage_params, state_bytes
 from .memory import ACTIVATION_SCALE
@@ -49,11 +51,11 @@ TORCH_ADAM_BYTES = 24.0
 """The same for torch AdamW on fp32 parameters: the parameter, m and v, each read and written."""
 
 
-def _ring(n: int, nbytes, bw: float, lat: float, factor: float = 1.0):
-    """Alpha-beta ring collective: factor*(n-1)/n of the buffer over the link, (n-1)*factor hops."""
+def _ring(n: int, nbytes, bw: float, lat: float, msg: float = 0.0):
+    """Alpha-beta ring collective, one message: (n-1)/n of the buffer over the link, (n-1) hops, ``msg`` once."""
     if n <= 1:
         return np.zeros_like(np.asarray(nbytes, dtype=float))
-    return factor * ((n - 1) / n * nbytes / bw + (n - 1) * lat)
+    return (n - 1) / n * nbytes / bw + (n - 1) * lat + msg
 
 
 def layer_costs(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
@@ -105,7 +107,7 @@ def tp_exposed(C: Consts, K: Knobs, T: np.ndarray, eta: np.ndarray) -> tuple[np.
     their dgrad and wgrad GEMMs. QKV is 3h^2 wide, proj h^2, FC1 and FC2 h*ffn each (the planner's MHA +
     two-matrix MLP; a GQA/SwiGLU model's widths are folded into ffn).
     """
-    c = _ring(C.t, 2.0 * T * C.h, C.bw_tp, C.lat_tp)
+    c = _ring(C.t, 2.0 * T * C.h, C.bw_tp, C.lat_tp, C.msg_s)
     plain = TP_OPS_FWD * c, (TP_OPS_FWD + (2 if C.sp else 0)) * c, c
     on = K.tp_overlap & (C.t > 1)
     if not on.any():  # the usual batch: no config overlaps, skip the overlap formulas
@@ -126,8 +128,8 @@ def p2p_send(C: Consts, T: np.ndarray) -> np.ndarray:
     Megatron's scatter/gather optimisation (Narayanan et al. 2021, Sec. 4.1; --scatter-gather-tensors-in-
     pipeline, on by default) sends a 1/t slice per rank and all-gathers the slices over NVLink on arrival.
     """
-    gather = 0.0 if C.sp else _ring(C.t, 2.0 * T * C.h, C.bw_tp, C.lat_tp)
-    return 2.0 * T * C.h / C.t / C.bw_pp + C.lat_pp + gather
+    gather = 0.0 if C.sp else _ring(C.t, 2.0 * T * C.h, C.bw_tp, C.lat_tp, C.msg_s)
+    return p2p_time(2.0 * T * C.h / C.t, C.bw_pp, C.lat_pp, C.msg_s) + gather
 
 
 def p2p_exposed(C: Consts, K: Knobs, send: np.ndarray, chunk_fwd: np.ndarray) -> np.ndarray:
@@ -199,14 +201,16 @@ def dp_times(C: Consts, K: Knobs, F: np.ndarray, B: np.ndarray) -> dict[str, np.
     nb = np.maximum(1.0, np.ceil(P / elems))
     grad_bucket = P * col(grad_bytes) / nb
     dist = col(K.dist)
-    c_rs = np.where(dist, reduce_scatter_time(C.d, grad_bucket, bus, C.lat_dp),
-                    all_reduce_time(C.d, grad_bucket, bus, C.lat_dp))
-    c_ag = np.where(dist, all_gather_time(C.d, P * weight_bytes / nb, bus, C.lat_dp), 0.0)
+    hop, msg = C.dp_latency()
+    c_rs = np.where(dist, reduce_scatter_time(C.d, grad_bucket, bus, hop, msg),
+                    all_reduce_time(C.d, grad_bucket, bus, hop, msg))
+    c_ag = np.where(dist, all_gather_time(C.d, P * weight_bytes / nb, bus, hop, msg), 0.0)
     if K.fsdp.any():  # FSDP's own collectives are fsdp.py's
         c_rs, c_ag = c_rs * col(~K.fsdp), c_ag * col(~K.fsdp)
     slack_b, slack_f = drain_slack(B, K), drain_slack(F, K)
-    rs_tail = np.where(col(K.ogr), bucket_tail(c_rs, nb, B), nb * c_rs)
-    ag_tail = np.where(col(K.opg), bucket_tail(c_ag, nb, F), nb * c_ag)
+    ov = float(getattr(C.eff, "dp_overlap_eff", 1.0))
+    rs_tail = np.where(col(K.ogr), bucket_tail(c_rs, nb, B, ov), bucketed_time(c_rs, nb))
+    ag_tail = np.where(col(K.opg), bucket_tail(c_ag, nb, F, ov), bucketed_time(c_ag, nb))
     rs = exposed_after_slack(rs_tail, slack_b).max(axis=1)
     ag = np.where(K.opg, exposed_after_slack(ag_tail, slack_f).max(axis=1), ag_tail.max(axis=1))
     return {"rs": rs, "ag": ag, "total": nb * (c_rs + c_ag), "P": P}

@@ -24,17 +24,17 @@ def test_profile_runs_the_slices_on_ray_and_writes_a_measured_calibration_plan_u
     config = TINY
     out = tmp_path / "tiny-cal.yaml"
     assert main(["profile", "--config", str(config), "--out", str(out), "--ranks", "2", "--layers", "2",
-                 "--steps", "3", "--cluster", str(ROOT / "search_spaces" / "clusters" / "cpu-local.yaml")]) == 0
+                 "--steps", "3", "--repeats", "1", "--cluster", str(ROOT / "search_spaces" / "clusters" / "cpu-local.yaml")]) == 0
     printed = capsys.readouterr().out
     assert "mbs=4 recompute=none" in printed and f"wrote {out}" in printed
     assert "ran on a warm Ray worker group of 2 rank(s)" in printed and "local launcher" not in printed
 
     doc = yaml.safe_load(out.read_text())
     prov = doc["provenance"]
-    assert prov["basis"] == "measured" and prov["tp"] == 2 and prov["layers"] == 2 and prov["shrink"] == 1
+    assert prov["basis"] == "measured" and prov["tp"] == 2 and prov["layers"] == [2] and prov["shrink"] == 1
     assert prov["shape"] == {"d_model": 128, "n_heads": 4, "d_ff": 512, "vocab_size": 512, "seq_len": 128,
                              "precision": "fp32"}
-    assert prov["hardware"].startswith("CPU") and prov["torch"] and prov["date"]
+    assert prov["hardware"].startswith("CPU") and prov["torch"] and prov["date"] and prov["backend"] == "gloo"
     assert [s["name"] for s in prov["slices"]] == ["mbs=1 recompute=none", "mbs=2 recompute=none",
                                                    "mbs=4 recompute=none", "mbs=1 recompute=full"]
     assert all(s["measured_step_s"] > 0 for s in prov["slices"])
@@ -60,7 +60,7 @@ def test_netcal_then_profile_then_plan_on_this_machine(ray_address, tmp_path, ca
     assert main(["netcal", "--measure", "2", "--ops", "all_reduce,all_gather", "--out", str(cluster),
                  "--base", str(ROOT / "search_spaces" / "clusters" / "cpu-local.yaml")]) == 0
     assert main(["profile", "--config", str(config), "--out", str(cal), "--ranks", "2", "--layers", "1",
-                 "--steps", "3", "--cluster", str(cluster), "--parity"]) == 0
+                 "--steps", "3", "--repeats", "1", "--cluster", str(cluster), "--parity"]) == 0
     assert "parity mbs=1 recompute=none: pass" in capsys.readouterr().out
     prov = yaml.safe_load(cal.read_text())["provenance"]
     assert prov["cluster_file"] == str(cluster)
@@ -78,3 +78,36 @@ def test_netcal_then_profile_then_plan_on_this_machine(ray_address, tmp_path, ca
     out = capsys.readouterr().out
     assert f"network: MEASURED intra_node_bw_GBps, intra_node_latency_us from {cluster.name}" in out
     assert f"efficiency set: fitted (calibration file {cal.name})" in out
+
+
+RAY_SWEEP = {
+    "name": "tiny-ray-profile", "backend": "ray",
+    "trainer": {"model": {"n_layers": 4, "d_model": 32, "n_heads": 2, "seq_len": 32, "vocab_size": 128},
+                "batch": {"global_batch": 8}, "run": {"steps": 10, "device": "cpu", "threads_per_rank": 1}},
+    "baseline": {"batch.micro_batch_size": 1, "recompute.kind": "none"},
+    "space": {"params": {"batch.micro_batch_size": {"type": "categorical", "choices": [1, 2]},
+                         "recompute.kind": {"type": "categorical", "choices": ["none", "full"]}}},
+}
+
+
+@pytest.mark.timeout(240)
+def test_profile_of_a_ray_backend_sweep_at_several_rank_counts(ray_address, tmp_path, capsys):
+    """The model a user sweeps (backend: ray, its trainer: section) is profiled as it is: 1- and 2-rank slices in
+    one call, two rounds each, fitted on each slice's median run; the file names the hardware."""
+    config = tmp_path / "tiny-ray.yaml"
+    config.write_text(yaml.safe_dump(RAY_SWEEP))
+    out = tmp_path / "tiny-ray-cal.yaml"
+    assert main(["profile", "--config", str(config), "--out", str(out), "--ranks", "1,2", "--layers", "1",
+                 "--steps", "3", "--repeats", "2", "--bootstrap", "0", "--no-dp-comm"]) == 0
+    printed = capsys.readouterr().out
+    assert "3 compute slice(s) + 0 data-parallel slice(s)" not in printed  # both rank counts ran
+    assert "6 compute slice(s)" in printed and "2 round(s)" in printed and f"wrote {out}" in printed
+    doc = yaml.safe_load(out.read_text())
+    prov = doc["provenance"]
+    assert prov["ranks"] == [1, 2] and prov["layers"] == [1] and prov["repeats"] == 2
+    assert prov["hardware"].startswith("CPU") and prov["backend"] == "gloo" and prov["torch"]
+    assert prov["shape"]["d_model"] == 32 and prov["shape"]["vocab_size"] == 128
+    names = [s["name"] for s in prov["slices"]]
+    assert names[0] == "ranks=1 layers=1 mbs=1 recompute=none" and "ranks=2 layers=1 mbs=2 recompute=none" in names
+    assert all(len(v) == 2 and min(v) > 0 for v in prov["runs_step_s"].values())  # every slice measured twice
+    assert "matmul_eff" in prov["fitted"] and load_calibration(out).basis == "fitted"

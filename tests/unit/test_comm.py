@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from orchestrator.planner.comm import (all_gather_time, all_reduce_time, bucket_tail, bus_bandwidth,
-                                       exposed_after_slack, reduce_scatter_time)
+from orchestrator.planner.comm import (all_gather_time, all_reduce_time, bucket_tail, bucketed_time, bus_bandwidth,
+                                       exposed_after_slack, p2p_time, reduce_scatter_time)
 
 
 def test_ring_all_reduce_of_1gb_over_8_gpus_at_100_GBps():
@@ -44,3 +44,74 @@ def test_bucket_tail_hand_case():
     # 4 buckets of 2 s: first ready at 1 s, sends back to back end at 9 s -> 5 s after the window
     assert float(bucket_tail(2.0, 4, 4.0)) == pytest.approx(5.0)
     assert np.allclose(exposed_after_slack([5.0, 5.0], [0.0, 6.0]), [5.0, 0.0])
+
+
+# ---- every collective: latency + bytes / bandwidth per message (issue 28) ---------------------------------
+
+@pytest.mark.parametrize("n, nbytes, bus, alpha, msg, expect", [
+    # latency-bound: 8 bytes, 2 ranks: 2 hops of alpha + the message's fixed cost, bytes negligible
+    (2, 8, 1e9, 200e-6, 500e-6, 2 * 200e-6 + 500e-6 + 8 / 1e9),
+    # bandwidth-bound: 1 GB over 8 ranks: 2 x 7/8 of it at the bus bandwidth dominates
+    (8, 1e9, 100e9, 5e-6, 10e-6, 2 * 7 / 8 * 1e9 / 100e9 + 2 * 3 * 5e-6 + 10e-6),
+])
+def test_all_reduce_is_latency_plus_bytes_over_bandwidth_per_message(n, nbytes, bus, alpha, msg, expect):
+    assert float(all_reduce_time(n, nbytes, bus, alpha, msg)) == pytest.approx(expect)
+
+
+def test_latency_bound_and_bandwidth_bound_regimes():
+    small = float(all_reduce_time(2, 8, 1e9, 200e-6, 500e-6))
+    big = float(all_reduce_time(2, 1e9, 1e9, 200e-6, 500e-6))
+    assert (small - 900e-6) / small < 1e-4            # tiny message: all latency
+    assert (1e9 / 1e9) / big > 0.99                   # 1 GB: all bandwidth
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_halving_the_bucket_doubles_the_latency_term(overlap):
+    """n buckets of the same gradient bytes pay n messages: the bandwidth term is the same, the latency doubles."""
+    total, bus, alpha, msg = 4e6, 1e9, 100e-6, 400e-6
+    def dp(n):
+        per = all_reduce_time(2, total / n, bus, alpha, msg)
+        return float(bucket_tail(per, n, 0.0) if overlap else bucketed_time(per, n))
+    lat = 2 * alpha + msg
+    bw_term = total / bus
+    assert dp(4) == pytest.approx(4 * lat + bw_term)
+    assert dp(8) == pytest.approx(8 * lat + bw_term)
+    assert dp(8) - bw_term == pytest.approx(2 * (dp(4) - bw_term))
+
+
+def test_overlap_hides_at_most_its_share_of_the_window_and_never_the_last_bucket():
+    per, n, window = 1e-3, 10, 20e-3
+    assert float(bucket_tail(per, n, window, 1.0)) == pytest.approx(per)                      # all but the last hidden
+    assert float(bucket_tail(per, n, window, 0.25)) == pytest.approx(n * per - 0.25 * window * (n - 1) / n)
+    assert float(bucket_tail(per, n, window, 0.0)) == pytest.approx(n * per)                  # nothing hidden
+    assert float(bucket_tail(per, 1, window, 1.0)) == pytest.approx(per)                      # one bucket: exposed
+
+
+def test_p2p_and_reduce_scatter_pay_the_message_cost_once():
+    assert float(p2p_time(1e6, 1e9, 10e-6, 90e-6)) == pytest.approx(1e-3 + 100e-6)
+    assert float(reduce_scatter_time(4, 4e6, 1e9, 10e-6, 50e-6)) == pytest.approx(3e6 / 1e9 + 30e-6 + 50e-6)
+
+
+def test_measured_dp_latency_replaces_the_links_hops_for_each_bucket():
+    """efficiency.dp_latency_us (fitted from DP slices) is what each data-parallel bucket pays instead of the
+    link's hops x latency: with it, 10x the buckets adds 9 x that latency to a no-overlap DP wait."""
+    import dataclasses
+
+    from orchestrator.planner import predict
+    from orchestrator.plan.prefilter import load_cluster, plan_for_trial
+    from trainer.config import TrainConfig
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    cluster, eff = load_cluster(root / "search_spaces" / "clusters" / "cpu-local.yaml")
+    base = TrainConfig.from_dict({"model": {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 64},
+                                  "batch": {"global_batch": 4}, "parallel": {"dp": 2},
+                                  "data_parallel": {"kind": "replicate", "overlap_grad_reduce": False, "bucket_mb": 5.0}})
+    def wait(bucket_mb, lat):
+        cfg = dataclasses.replace(base, data_parallel=dataclasses.replace(base.data_parallel, bucket_mb=bucket_mb))
+        return predict(plan_for_trial(cfg, cluster, dataclasses.replace(eff, dp_latency_us=lat))).dp_exposed_s
+    one = wait(5.0, 1000.0)                                   # one bucket
+    many = wait(5.0 / 100, 1000.0)
+    no_lat = wait(5.0 / 100, 0.0)
+    n = round((many - no_lat) / 1e-3)
+    assert n > 1 and many - one == pytest.approx((n - 1) * 1e-3, rel=1e-6)

@@ -188,3 +188,54 @@ def test_measured_cluster_gives_the_prediction_of_the_same_numbers_set_by_hand(t
         "dp_bw_eff": 1.0}})
     a, b = predict(by_file), predict(by_hand)
     assert math.isclose(a.step_time_s, b.step_time_s, rel_tol=1e-12) and a.step_time_s > 0
+
+
+def test_each_table_reports_its_own_fit_error_and_a_bad_one_is_flagged():
+    good = netcal.parse(_synthetic("all_reduce", ["a"] * 2, 200.0, 1.3), "all_reduce_perf.txt")
+    noisy = _synthetic("all_gather", ["a"] * 2, 200.0, 1.3)
+    # every other row of the all-gather 3x slower: that table, not the all-reduce, is off the line
+    lines = noisy.splitlines()
+    rows = [i for i, ln in enumerate(lines) if ln.strip() and not ln.startswith("#")]
+    for i in rows[::2]:
+        tok = lines[i].split()
+        lines[i] = lines[i].replace(tok[5], f"{3 * float(tok[5]):.1f}", 1)
+    bad = netcal.parse("\n".join(lines) + "\n", "all_gather_perf.txt")
+    (f,) = netcal.fit([good, bad]).values()
+    assert len(f.table_rel_rms) == 2 and f.table_rel_rms[0] < f.table_rel_rms[1]
+    assert f.table_rel_rms[1] > netcal.FIT_WARN
+    warnings = netcal.fit_warnings({"intra_node": f})
+    assert len(warnings) == 1 and "all_gather_perf.txt" in warnings[0] and "> 20%" in warnings[0]
+    doc = netcal.cluster_file(yaml.safe_load(BASE.read_text()), {"intra_node": f}, "d", "c")
+    errs = [s["fit_rel_rms"] for s in doc["provenance"]["sources"]]
+    assert errs[0] != errs[1]
+
+
+def test_latency_comes_from_the_small_sizes_despite_an_outlier():
+    text = _synthetic("all_reduce", ["a"] * 2, 200.0, 1.3)
+    lines = text.splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.strip() and not ln.startswith("#"))
+    tok = lines[first].split()
+    lines[first] = lines[first].replace(tok[5], f"{5 * float(tok[5]):.1f}", 1)  # one slow 8-byte repetition
+    (f,) = netcal.fit([netcal.parse("\n".join(lines) + "\n", "all_reduce_perf.txt")]).values()
+    assert f.latency_us == pytest.approx(200.0, rel=0.05) and f.bw_GBps == pytest.approx(1.3, rel=0.05)
+
+
+@pytest.mark.parametrize("base, gpus, tiers, expect", [
+    ("cpu-local.yaml", 2, {"intra_node"}, {"tp_bw_eff", "dp_bw_eff", "pp_bw_eff"}),   # one host: every group on it
+    ("h100-sxm.yaml", 8, {"intra_node"}, {"tp_bw_eff", "dp_bw_eff", "pp_bw_eff"}),    # one 8-GPU node
+    ("h100-sxm.yaml", 64, {"intra_node"}, {"tp_bw_eff"}),                             # DP/PP cross nodes: priors
+    ("h100-sxm.yaml", 64, {"inter_node"}, {"dp_bw_eff", "pp_bw_eff"}),
+    ("h100-sxm.yaml", 64, {"intra_node", "inter_node"}, {"tp_bw_eff", "dp_bw_eff", "pp_bw_eff"}),
+])
+def test_written_bandwidth_efficiencies_are_the_docs_rule(base, gpus, tiers, expect):
+    """docs/planner.md (netcal, "Writes") states which efficiencies become 1; the file netcal writes agrees."""
+    data = yaml.safe_load((REPO / "search_spaces" / "clusters" / base).read_text())
+    data["cluster"]["num_gpus"] = gpus
+    fits = {t: netcal.TierFit(t, 1.0, 100.0, 0.0, (), ()) for t in tiers}
+    doc = netcal.cluster_file(data, fits, "d", "c")
+    ones = {k for k in ("tp_bw_eff", "dp_bw_eff", "pp_bw_eff") if doc["efficiency"].get(k) == 1.0}
+    kept = {k for k in {"tp_bw_eff", "dp_bw_eff", "pp_bw_eff"} - expect if (data.get("efficiency") or {}).get(k) != 1.0}
+    assert ones & set(expect) == set(expect) and not (ones & kept)
+    docs = " ".join((REPO / "docs" / "planner.md").read_text().split())
+    assert "`tp_bw_eff` with the intra-node tier" in docs
+    assert "`dp_bw_eff` and `pp_bw_eff` with the inter-node tier, or with the intra-node tier when the whole job" in docs

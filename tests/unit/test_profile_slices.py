@@ -129,7 +129,9 @@ def test_cli_refuses_in_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
     assert main(["profile", "--config", str(tmp_path / "missing.yaml")]) == 2
     assert "--config" in capsys.readouterr().err
     assert main(["profile", "--config", str(PRESET), "--layers", "0"]) == 2
-    assert capsys.readouterr().err.strip().endswith("--layers: must be an integer >= 1, got 0")
+    assert "--layers: expected integers >= 1, comma-separated" in capsys.readouterr().err
+    assert main(["profile", "--config", str(ROOT / "search_spaces" / "default.yaml"), "--ranks", "1,x"]) == 2
+    assert "--ranks: expected integers" in capsys.readouterr().err
 
 
 def test_trainer_slices_of_a_ray_sweep_keep_its_shape_and_cover_each_knob_once():
@@ -183,3 +185,27 @@ def test_slices_run_on_the_runner_and_fall_back_to_the_local_launcher_only_when_
     results, said = run_slices(["a", "b"], "cpu", runner if runner_kind else None)
     assert results == (["local", "local"] if local else ["ray", "ray"]) and bool(launched) == local
     assert where in said and "second line" not in said
+
+
+def test_any_sweep_file_several_layer_and_rank_counts_and_the_dp_comm_slices():
+    """``derive_any``: a ray-backend file (the default sweep) at --ranks 1,2 --layers 1,2 gives each combination's
+    slices, plus the data-parallel slices (each bucket size of the space, overlap off and on) at 2 ranks and the
+    most layers; a model-backend file gets the same naming; an unknown backend is named."""
+    from orchestrator.plan.slices import derive_any
+
+    ray = yaml.safe_load((ROOT / "search_spaces" / "default.yaml").read_text())
+    plan, comm = derive_any(ray, [1, 2], [1, 2], steps=4)
+    assert len(plan.slices) == 4 * 6 and len({s.name for s in plan.slices}) == 24
+    assert {(s.config.world_size, s.config.model.n_layers) for s in plan.slices} == {(1, 1), (1, 2), (2, 1), (2, 2)}
+    assert [s.name for s in comm] == [f"ranks=2 layers=2 dp bucket_mb={b} overlap={o}"
+                                      for b in ("0.05", "0.5", "5") for o in ("off", "on")]
+    assert all(c.config.parallel.dp == 2 and c.config.model.n_layers == 2 for c in comm)
+    assert [c.config.data_parallel.overlap_grad_reduce for c in comm[:2]] == [False, True]
+    _, none = derive_any(ray, [2], [1], steps=4, dp_comm=False)
+    assert none == ()
+    m_plan, m_comm = derive_any(sweep(tensor_parallel={"size": 1}, parallel={"pp": 2, "dp": 4}), [2], [1, 2])
+    assert [s.name for s in m_plan.slices][:2] == ["ranks=2 layers=1 mbs=1 recompute=full",
+                                                   "ranks=2 layers=1 mbs=2 recompute=full"]
+    assert [s.name for s in m_comm][0] == "ranks=2 layers=2 dp bucket_mb=1 overlap=off"
+    with pytest.raises(ValueError, match="backend: 'local'"):
+        derive_any({**ray, "backend": "local"}, [2], [1])
