@@ -4,7 +4,7 @@ Reads the ledger (``results/<sweep>/trials.jsonl``, the source of truth) and wri
 
 - ``trainer.yaml``: the trial's resolved TrainConfig; ``python -m trainer --config trainer.yaml`` runs it
   as is, with exactly the trial's settings;
-- ``megatron_args.txt``: the same settings as Megatron-LM flags (orchestrator/export/megatron.py);
+- ``megatron_args.txt``: the same settings as Megatron-LM flags (orchestrator/frameworks/megatron_flags.py);
 - ``summary.md``: measured numbers vs the baseline, the parity verdict, the MLflow run id, and every
   knob Megatron cannot take, by name.
 
@@ -27,7 +27,7 @@ from orchestrator.records import winner
 from orchestrator.review.report import secs
 from orchestrator.sweep.config import load_saved_sweep
 from orchestrator.plan.verdict import verdict as plan_verdict, verdict_lines
-from orchestrator.export.megatron import format_args, megatron_args, megatron_args_for_plan
+from orchestrator.frameworks.megatron_flags import format_args, megatron_args, megatron_args_for_plan
 from orchestrator.records.ledger import read_records
 from orchestrator.records.record import Kind, ParityVerdict, Status, TrialRecord
 from trainer.config import TrainConfig, flatten

@@ -1,0 +1,58 @@
+"""The framework adapters the ``command`` backend and ``steptune parse-log`` use, one per framework.
+
+An adapter is data and pure functions: the knobs it refuses (at load, naming knob and framework), the
+arguments a trial's knobs become (appended to the user's launch command), the environment it needs, the file
+its figures are read from (a result file on the first node, or the nodes' own stdout), and its parser.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from orchestrator.frameworks import megatron, steptune, torchtitan
+from orchestrator.frameworks.log import ParsedLog
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str
+    refuse: Callable[[Iterable[str]], None]
+    """ValueError naming a knob of the space the framework cannot express."""
+    render: Callable[[Any, Sequence[str], Path], list[str]]
+    """(trial config, the space's knob keys, the trial's folder) -> the arguments appended to the command."""
+    parse: Callable[[str, int | None, int | None], ParsedLog]
+    """(text, warm-up iterations, expected iterations; None: the framework's own or the log's) -> ParsedLog."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment every rank of a trial gets (the user's ``command.env`` is applied over it)."""
+    result_file: str | None = None
+    """Read from this file in the trial folder on the first node; None: from the nodes' stdout."""
+    describe: str = ""
+
+
+FRAMEWORKS: dict[str, Framework] = {
+    megatron.NAME: Framework(
+        megatron.NAME, megatron.refuse, lambda cfg, keys, d: megatron.render(cfg, keys),
+        lambda text, warmup, expected: megatron.parse_log(text, 1 if warmup is None else warmup, expected),
+        # Megatron's TP communication overlap and sequence parallelism rely on one hardware queue keeping kernel
+        # order (its own launch scripts set this).
+        env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+        describe="Megatron-LM (pretrain_gpt.py ...): knobs as its flags, read from its iteration and memory lines"),
+    torchtitan.NAME: Framework(
+        torchtitan.NAME, torchtitan.refuse, lambda cfg, keys, d: torchtitan.render(cfg, keys),
+        lambda text, warmup, expected: torchtitan.parse_log(text, 1 if warmup is None else warmup, expected),
+        describe="torchtitan (torchtitan/train.py --job.config_file ...): knobs as JobConfig overrides, read from "
+                 "its metrics lines"),
+    steptune.NAME: Framework(
+        steptune.NAME, steptune.refuse, lambda cfg, keys, d: steptune.write_config(cfg, d),
+        lambda text, warmup, expected: steptune.parse_result(text, warmup, expected),
+        result_file=steptune.RESULT_FILE,
+        describe="steptune's trainer (-m trainer): the trial's config as its YAML, read from its result JSON"),
+}
+
+
+def framework(name: str, where: str = "command.framework") -> Framework:
+    if name not in FRAMEWORKS:
+        raise ValueError(f"{where}={name!r}: known frameworks are {', '.join(FRAMEWORKS)}")
+    return FRAMEWORKS[name]
