@@ -8,7 +8,6 @@ its figures are read from (a result file on the first node, or the nodes' own st
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from orchestrator.frameworks import megatron, steptune, torchtitan
@@ -20,8 +19,9 @@ class Framework:
     name: str
     refuse: Callable[[Iterable[str]], None]
     """ValueError naming a knob of the space the framework cannot express."""
-    render: Callable[[Any, Sequence[str], Path], list[str]]
-    """(trial config, the space's knob keys, the trial's folder) -> the arguments appended to the command."""
+    render: Callable[[Any, Sequence[str]], tuple[list[str], dict[str, str]]]
+    """(trial config, the space's knob keys) -> (the arguments appended to the command, files written into the
+    trial folder on every node first, by name); ``{trial_dir}`` in an argument is that folder."""
     parse: Callable[[str, int | None, int | None], ParsedLog]
     """(text, warm-up iterations, expected iterations; None: the framework's own or the log's) -> ParsedLog."""
     env: dict[str, str] = field(default_factory=dict)
@@ -33,19 +33,19 @@ class Framework:
 
 FRAMEWORKS: dict[str, Framework] = {
     megatron.NAME: Framework(
-        megatron.NAME, megatron.refuse, lambda cfg, keys, d: megatron.render(cfg, keys),
+        megatron.NAME, megatron.refuse, lambda cfg, keys: (megatron.render(cfg, keys), {}),
         lambda text, warmup, expected: megatron.parse_log(text, 1 if warmup is None else warmup, expected),
         # Megatron's TP communication overlap and sequence parallelism rely on one hardware queue keeping kernel
         # order (its own launch scripts set this).
         env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
         describe="Megatron-LM (pretrain_gpt.py ...): knobs as its flags, read from its iteration and memory lines"),
     torchtitan.NAME: Framework(
-        torchtitan.NAME, torchtitan.refuse, lambda cfg, keys, d: torchtitan.render(cfg, keys),
+        torchtitan.NAME, torchtitan.refuse, lambda cfg, keys: (torchtitan.render(cfg, keys), {}),
         lambda text, warmup, expected: torchtitan.parse_log(text, 1 if warmup is None else warmup, expected),
         describe="torchtitan (torchtitan/train.py --job.config_file ...): knobs as JobConfig overrides, read from "
                  "its metrics lines"),
     steptune.NAME: Framework(
-        steptune.NAME, steptune.refuse, lambda cfg, keys, d: steptune.write_config(cfg, d),
+        steptune.NAME, steptune.refuse, lambda cfg, keys: steptune.render(cfg),
         lambda text, warmup, expected: steptune.parse_result(text, warmup, expected),
         result_file=steptune.RESULT_FILE,
         describe="steptune's trainer (-m trainer): the trial's config as its YAML, read from its result JSON"),

@@ -9,7 +9,6 @@ The result JSON's steps are 0-based; they are read as iterations 1..N like the o
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Iterable
 
 from orchestrator.frameworks.log import Iteration, ParsedLog, judge
@@ -42,10 +41,10 @@ def refuse(keys: Iterable[str]) -> None:
     """Every trainer knob is expressible: the trial's config is the trainer's own YAML."""
 
 
-def write_config(cfg, directory: Path) -> list[str]:
-    """The trial's config as the trainer YAML; the arguments that point the trainer at it and at its result."""
+def render(cfg) -> tuple[list[str], dict[str, str]]:
+    """The trial's config as the trainer YAML (a file written into the trial folder on every node), and the
+    arguments that point the trainer at it and at its result (``{trial_dir}``: that folder, on each node)."""
     import yaml
 
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / CONFIG_FILE).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    return ["--config", str(directory / CONFIG_FILE), "--out", str(directory / RESULT_FILE)]
+    files = {CONFIG_FILE: yaml.safe_dump(cfg.to_dict(), sort_keys=False)}
+    return ["--config", "{trial_dir}/" + CONFIG_FILE, "--out", "{trial_dir}/" + RESULT_FILE], files

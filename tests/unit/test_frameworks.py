@@ -255,13 +255,13 @@ def test_torchtitan_renders_job_config_overrides():
                     "selective"]
 
 
-def test_steptune_writes_its_yaml(tmp_path):
+def test_steptune_writes_its_yaml():
     import yaml
 
     cfg = _cfg(**{"batch.micro_batch_size": 2})
-    args = FRAMEWORKS["steptune"].render(cfg, ["batch.micro_batch_size"], tmp_path)
-    assert args[:2] == ["--config", str(tmp_path / "trainer.yaml")]
-    assert TrainConfig.from_dict(yaml.safe_load((tmp_path / "trainer.yaml").read_text())) == cfg
+    args, files = FRAMEWORKS["steptune"].render(cfg, ["batch.micro_batch_size"])
+    assert args == ["--config", "{trial_dir}/trainer.yaml", "--out", "{trial_dir}/result.json"]
+    assert TrainConfig.from_dict(yaml.safe_load(files["trainer.yaml"])) == cfg
 
 
 def test_unknown_framework_named():
