@@ -29,6 +29,8 @@ class Framework:
     result_file: str | None = None
     """Read from this file in the trial folder on the first node; None: from the nodes' stdout."""
     describe: str = ""
+    resolution: dict[str, float] = field(default_factory=dict)
+    """Half the last digit the log prints, per metric (loss, grad_norm): what black-box parity cannot resolve."""
 
 
 FRAMEWORKS: dict[str, Framework] = {
@@ -37,11 +39,12 @@ FRAMEWORKS: dict[str, Framework] = {
         lambda text, warmup, expected: megatron.parse_log(text, 1 if warmup is None else warmup, expected),
         # Megatron's TP communication overlap and sequence parallelism rely on one hardware queue keeping kernel
         # order (its own launch scripts set this).
-        env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+        env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, resolution={"grad_norm": 5e-4},  # lm loss: 6 significant digits
         describe="Megatron-LM (pretrain_gpt.py ...): knobs as its flags, read from its iteration and memory lines"),
     torchtitan.NAME: Framework(
         torchtitan.NAME, torchtitan.refuse, lambda cfg, keys: (torchtitan.render(cfg, keys), {}),
         lambda text, warmup, expected: torchtitan.parse_log(text, 1 if warmup is None else warmup, expected),
+        resolution={"loss": 5e-5, "grad_norm": 5e-5},  # loss 7.4f in older releases (8.5f now), grad norm 7.4f
         describe="torchtitan (torchtitan/train.py --job.config_file ...): knobs as JobConfig overrides, read from "
                  "its metrics lines"),
     steptune.NAME: Framework(
