@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -217,9 +218,9 @@ def outcome_of(backend: CommandTrials, cfg: Any, launch: Launch, runs: list[Node
         failed = [r for r in runs if r.rc != 0]
         if failed:
             text = failed[0].stderr + failed[0].stdout
-            last = next((ln for ln in reversed(text.splitlines()) if ln.strip()), "")[:300]
             status = "oom" if "out of memory" in text.lower() else "failed"
-            out = RunOutcome(status, f"node {failed[0].node_rank} exited {failed[0].rc}: {last}{where}", wall_s=wall)
+            out = RunOutcome(status, f"node {failed[0].node_rank} exited {failed[0].rc}: "
+                                     f"{failure_line(failed[0].stderr or failed[0].stdout)}{where}", wall_s=wall)
         elif parsed.status == "nan":
             out = RunOutcome("nan", f"{parsed.reason}{where}", _result(cfg, parsed, backend, _text(backend, runs)),
                              wall_s=wall)
@@ -235,6 +236,20 @@ def outcome_of(backend: CommandTrials, cfg: Any, launch: Launch, runs: list[Node
     out.command = {"argv": runs[0].argv if runs else [], "env": dict(launch.env),
                    "per_node_argv": [r.argv for r in runs]}
     return out
+
+
+def failure_line(text: str) -> str:
+    """The ranks' own last words, not torchrun's report after them (its traceback and ChildFailedError block),
+    with the root cause's rank and exit code from that report."""
+    lines = text.splitlines()
+    cut = next((i for i, ln in enumerate(lines) if "torch/distributed/elastic/multiprocessing/api.py" in ln
+                or "ChildFailedError" in ln), len(lines))
+    own = next((ln.strip() for ln in reversed(lines[:cut]) if ln.strip()), "")
+    root = text[text.find("Root Cause"):] if "Root Cause" in text else ""
+    rank = re.search(r"rank\s*:\s*(\d+)", root)
+    code = re.search(r"exitcode\s*:\s*(-?\d+)", root)
+    cause = f" (root cause: rank {rank.group(1)}, exit code {code.group(1)})" if rank and code else ""
+    return (own[:300] or "no output") + cause
 
 
 def _result(cfg: Any, parsed: ParsedLog, backend: CommandTrials, text: str) -> Any:

@@ -83,15 +83,38 @@ class NodeAgent:
                 "argv": argv}
 
     def kill(self) -> bool:
-        """SIGKILL the running command's whole process group (torchrun and its ranks); False when none runs."""
+        """SIGKILL the running command's process group (torchrun) and the groups of all its descendants: torchrun
+        starts each rank in a session of its own, so one group is not the whole job. False when none runs."""
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return False
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return False
+        tree = _descendants(proc.pid)  # before anything dies: an orphan's parent becomes init, out of reach
+        for pid in [proc.pid, *tree]:
+            for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+                try:
+                    kill()
+                except (ProcessLookupError, PermissionError):
+                    pass
         return True
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root``, from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
 
 
 def _tail(path: str) -> str:
