@@ -169,7 +169,14 @@ def export_trial(ledger_path: Path, trial: int | None, out_dir: Path, force: boo
     target_s = saved.target.seconds(baseline.metrics.step_time_s if baseline else None) if saved else None
     summary.write_text(summary_markdown(record, baseline, config, run, notes, forced, ledger_path, run_id, place,
                                         target_s))
-    return [config_file, args_file, summary]
+    written = [config_file, args_file, summary]
+    if isinstance(record.extra.get("command"), dict):  # a command-backend trial: what actually ran
+        from orchestrator.frameworks.adapters import what_ran
+
+        for fname, body in what_ran(record.extra["command"], record.extra.get("framework_log")).items():
+            (out_dir / fname).write_text(body)
+            written.append(out_dir / fname)
+    return written
 
 
 def mlflow_run_of(ledger_path: Path, record: TrialRecord) -> str | None:

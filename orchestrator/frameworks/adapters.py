@@ -59,3 +59,22 @@ def framework(name: str, where: str = "command.framework") -> Framework:
     if name not in FRAMEWORKS:
         raise ValueError(f"{where}={name!r}: known frameworks are {', '.join(FRAMEWORKS)}")
     return FRAMEWORKS[name]
+
+
+def what_ran(command: dict[str, Any], figures: dict[str, Any] | None) -> dict[str, str]:
+    """The export of a command-backend trial: ``command.sh`` (its environment and the exact argv every node
+    started) and ``framework_log.json`` (what steptune read from its log), by file name."""
+    import json
+    import shlex
+
+    env = command.get("env") or {}
+    lines = ["#!/bin/sh", "# The exact command this trial ran: one torchrun per node (run each line on its node).",
+             "# Paths under /tmp/steptune-* were the trial's folder on that node ({trial_dir}); the trial's files",
+             "# (a steptune trial's trainer.yaml) are exported beside this script.", ""]
+    lines += [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(env.items())] + [""]
+    for i, argv in enumerate(command.get("per_node_argv") or [command.get("argv") or []]):
+        lines += [f"# node {i}", shlex.join(argv)]
+    out = {"command.sh": "\n".join(lines) + "\n"}
+    if figures is not None:
+        out["framework_log.json"] = json.dumps(figures, indent=1) + "\n"
+    return out

@@ -48,7 +48,11 @@ def compare(baseline: ParsedLog, trial: ParsedLog, tol: CurveTolerance) -> dict[
     the baseline fails: nothing was compared."""
     steps = sorted({it.step for it in baseline.iterations} & {it.step for it in trial.iterations})
     out: dict[str, Any] = {"passed": bool(steps), "gate": "loss_curve", "curve_tolerance": asdict(tol),
-                           "steps": len(steps), "max_loss_rel_diff": 0.0, "max_grad_norm_rel_diff": 0.0}
+                           "steps": len(steps), "max_loss_rel_diff": 0.0, "max_grad_norm_rel_diff": 0.0,
+                           # the trainer gate's tolerance shape; a black box's parameters and replicas are not
+                           # seen, so their tolerances are NaN (not compared), never a number that was not applied
+                           "tolerance": {"loss_rel": tol.loss_rel, "grad_norm_rel": tol.grad_norm_rel,
+                                         "param_rel": math.nan, "replica_abs": math.nan}}
     if not steps:
         out.update(first_fail_metric="steps", first_fail_step=None)
         return out

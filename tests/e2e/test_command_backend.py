@@ -111,3 +111,32 @@ def test_a_hung_command_is_killed_with_its_process_group(tmp_path):
         assert runner.builds == 1
     finally:
         runner.close()
+
+
+def test_a_command_sweep_records_and_exports_what_ran(tmp_path):
+    """The whole path: sweep loop, ledger, Optuna, MLflow, then export of the winner's exact command line."""
+    import json
+
+    from orchestrator.export.bundle import export_trial
+    from orchestrator.records.ledger import read_records
+    from orchestrator.sweep.loop import run_sweep
+
+    cfg = load_sweep(EXAMPLE, [f"storage.results_dir={tmp_path}", "search.n_trials=2",
+                               "target.relative_to_baseline=0.01"])
+    summary, records = run_sweep(cfg)
+    ledger = cfg.results_dir / "trials.jsonl"
+    lines = [json.loads(ln) for ln in ledger.read_text().splitlines()]
+    base = next(ln for ln in lines if ln["kind"] == "baseline")
+    assert base["status"] == "ok" and base["backend"] == "command"
+    assert base["parity"]["gate"] == "loss_curve" and base["parity"]["passed"]
+    assert base["command"]["argv"][1:3] == ["-m", "torch.distributed.run"]
+    assert base["framework_log"]["status"] == "ok" and base["placement"][0]["ranks"] == [0, 1]
+    trial = next(ln for ln in lines if ln["kind"] == "trial")
+    assert trial["status"] in ("ok", "infeasible"), trial["reason"]
+    assert trial["parity"]["gate"] == "loss_curve"
+    assert len(read_records(ledger)) == len(lines)
+    paths = export_trial(ledger, base["trial"], tmp_path / "export", force=True)
+    script = (tmp_path / "export" / "command.sh").read_text()
+    assert any(p.name == "command.sh" for p in paths) and "torch.distributed.run" in script
+    assert "export OMP_NUM_THREADS=1" in script
+    assert json.loads((tmp_path / "export" / "framework_log.json").read_text())["status"] == "ok"
