@@ -267,3 +267,55 @@ def test_steptune_writes_its_yaml():
 def test_unknown_framework_named():
     with pytest.raises(ValueError, match="command.framework='deepspeed': known frameworks are megatron"):
         framework("deepspeed")
+
+
+# ---- black-box parity: loss curves from tables ------------------------------------------------------
+
+from orchestrator.frameworks import blackbox_parity as bb  # noqa: E402
+from orchestrator.frameworks.log import Iteration, judge  # noqa: E402
+
+
+def curve(losses: list[float], norms: list[float] | None = None, start: int = 1):
+    norms = norms or [1.0] * len(losses)
+    return judge("megatron", [Iteration(step=start + i, first_step=start + i, time_s=0.1, loss=lo, grad_norm=g)
+                              for i, (lo, g) in enumerate(zip(losses, norms))], 0, None)
+
+
+FLOOR = bb.CurveTolerance(1e-5, 1e-4)
+BASE = [10.0, 9.5, 9.0, 8.7]
+
+
+@pytest.mark.parametrize("trial,repeat,passed,metric", [
+    pytest.param(BASE, BASE, True, None, id="identical"),
+    pytest.param([10.0, 9.5, 9.00005, 8.7], BASE, True, None, id="within-floor"),
+    pytest.param([10.0, 9.5, 9.001, 8.7], BASE, False, "loss", id="lr-bug-sized-difference"),
+    pytest.param([10.0, 9.5, 9.001, 8.7], [10.0, 9.5, 9.0002, 8.7], True, None, id="widened-by-baseline-spread"),
+    pytest.param([10.0, float("nan"), 9.0, 8.7], BASE, False, "loss", id="nan-fails"),
+])
+def test_loss_curve_gate(trial, repeat, passed, metric):
+    tol = bb.calibrate(curve(BASE), curve(repeat), FLOOR)
+    v = bb.compare(curve(BASE), curve(trial), tol)
+    assert v["passed"] is passed, v
+    assert v.get("first_fail_metric") == metric
+    if not passed:
+        assert "differs at iteration" in bb.describe(v)
+
+
+def test_loss_curve_gate_grad_norm_and_no_common_iterations():
+    v = bb.compare(curve(BASE), curve(BASE, [1.0, 1.0, 1.01, 1.0]), FLOOR)
+    assert not v["passed"] and v["first_fail_metric"] == "grad_norm" and v["first_fail_step"] == 3
+    v = bb.compare(curve(BASE), curve(BASE, start=100), FLOOR)
+    assert not v["passed"] and "no logged iteration in common" in bb.describe(v)
+    # the print resolution: Megatron's grad norm has 3 decimals, so 1e-4 apart is not resolvable
+    v = bb.compare(curve(BASE, [0.123] * 4), curve(BASE, [0.1234] * 4), bb.CurveTolerance(1e-5, 1e-4, 0.0, 5e-4))
+    assert v["passed"]
+
+
+def test_failure_line_is_the_ranks_not_torchruns():
+    from orchestrator.backends.command import failure_line
+
+    text = ("boom\nE1202 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 3)\nTraceback\n"
+            "ChildFailedError:\n====\nRoot Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n"
+            "  exitcode  : 3 (pid: 1)\n====")
+    assert failure_line(text) == "boom (root cause: rank 0, exit code 3)"
+    assert failure_line("") == "no output"
