@@ -174,7 +174,7 @@ class CommandRunner:
             return []
         first = self._first[0] if self._first else None
         self._job, self._first = None, None
-        outcome = outcome_of(self.backend, cfg, launch, first or runs, self.group.placement(),
+        outcome = outcome_of(self.backend, cfg, launch, first or runs, self.group.ran_on,
                              self.artifacts / f"run-{n:04d}")
         if first is not None:
             outcome.repeat = parse_runs(self.backend, cfg, runs)
@@ -207,8 +207,10 @@ def outcome_of(backend: CommandTrials, cfg: Any, launch: Launch, runs: list[Node
     where = f"; logs: {artifacts}"
     lost = [r for r in runs if r.kind == "lost"]
     if lost:
-        out = RunOutcome("lost", f"node {lost[0].node_rank} lost ({lost[0].error}); the other nodes' process groups "
-                                 f"were killed{where}", wall_s=wall)
+        at = placement[lost[0].node_rank] if lost[0].node_rank < len(placement) else {}
+        node = f"{at.get('node_id', '?')} ({at.get('host', '?')}, {at.get('ip', '?')})"
+        out = RunOutcome("lost", f"node {node} lost, node rank {lost[0].node_rank} ({lost[0].error}); the other "
+                                 f"nodes' process groups were killed{where}", wall_s=wall)
     elif timed := [r for r in runs if r.kind == "timeout"]:
         out = RunOutcome("timeout", f"no exit within resources.trial_timeout_s={backend.cfg.resources.trial_timeout_s:g}"
                                     f" s: process group {timed[0].pgid} on node {timed[0].node_rank} killed{where}",

@@ -3,10 +3,11 @@
 The group is placed once (STRICT_SPREAD over ``command.nodes`` bundles, each holding its node's share of the
 ranks' CPUs and GPUs) and reused by every trial. A trial: every node actor writes the trial's files into a
 node-local folder and starts ``python -m torch.distributed.run --nnodes N --node-rank i --nproc-per-node P
---rdzv-backend static --rdzv-endpoint <first actor's ip>:<port> <argv>`` in a process group of its own. A run
-that passes ``resources.trial_timeout_s`` is killed (its whole process group, by id: torchrun and every rank) and
-recorded ``timeout``; a node that fails makes the others' groups be killed at once; a node or actor lost is
-``lost`` and the group is placed again. Every node's stdout and stderr come back as the trial's artifacts.
+--rdzv-backend static --rdzv-endpoint <first actor's ip>:<port> <argv>`` under a guard (``command_guard``) in a
+session of its own. A run past ``resources.trial_timeout_s`` is killed (the whole tree, by process ids: guard,
+torchrun, every rank) and recorded ``timeout``; a node that fails has the other nodes' trees killed at once; an
+actor that dies takes its node's tree with it (its guard's death signal); a node or actor lost is ``lost`` and
+the group is placed again. Every node's stdout and stderr come back as the trial's artifacts.
 """
 
 from __future__ import annotations
@@ -14,22 +15,25 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
+GUARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "command_guard.py")
+"""Started by each node actor in front of torchrun (orchestrator.backends.command_guard)."""
 _TAIL = 4 * 2**20
 """Bytes of a node's stdout/stderr that come back (the end: where the last iterations and the error are)."""
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: its own session (a process group to kill by id) and SIGKILL when the actor goes."""
+    """In the guard before exec: its own session, and SIGTERM when the actor goes (the guard then kills the tree)."""
     os.setsid()
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
 
@@ -64,8 +68,8 @@ class NodeAgent:
         out_path, err_path = os.path.join(folder, "stdout.log"), os.path.join(folder, "stderr.log")
         t0 = time.monotonic()
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            self.proc = subprocess.Popen(argv, env={**os.environ, **env}, cwd=cwd or None, stdout=out, stderr=err,
-                                         stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen([sys.executable, GUARD, *argv], env={**os.environ, **env}, cwd=cwd or None,
+                                         stdout=out, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
             kind = "exit"
             try:
                 self.proc.wait(timeout_s)
@@ -83,38 +87,15 @@ class NodeAgent:
                 "argv": argv}
 
     def kill(self) -> bool:
-        """SIGKILL the running command's process group (torchrun) and the groups of all its descendants: torchrun
-        starts each rank in a session of its own, so one group is not the whole job. False when none runs."""
+        """SIGKILL the running command's whole tree (its guard, torchrun, every rank: torchrun starts each rank in a
+        session of its own, so one process group is not the whole job). False when none runs."""
+        from orchestrator.backends.command_guard import kill_tree
+
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return False
-        tree = _descendants(proc.pid)  # before anything dies: an orphan's parent becomes init, out of reach
-        for pid in [proc.pid, *tree]:
-            for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-                try:
-                    kill()
-                except (ProcessLookupError, PermissionError):
-                    pass
+        kill_tree(proc.pid)
         return True
-
-
-def _descendants(root: int) -> list[int]:
-    """Every process below ``root``, from /proc (Linux)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def _tail(path: str) -> str:
@@ -165,6 +146,8 @@ class NodeGroup:
         self.builds = 0
         self._refs: list[Any] = []
         self._runs: dict[int, NodeRun] = {}
+        self.ran_on: list[dict[str, Any]] = []
+        """The placement of the last launch (per node), for its outcome."""
 
     def start(self) -> None:
         import ray
@@ -200,6 +183,7 @@ class NodeGroup:
             self.start()
         head = self.places[0]
         self._refs, self._runs = [], {}
+        self.ran_on = self.placement()  # kept past a loss, which clears the places
         for i, actor in enumerate(self.actors):
             argv = [self.python, "-m", "torch.distributed.run", "--nnodes", str(self.nodes), "--node-rank", str(i),
                     "--nproc-per-node", str(self.ranks_per_node), "--rdzv-backend", "static",
