@@ -15,7 +15,7 @@ import pytest
 from orchestrator import REPO_ROOT
 
 SCRIPT = textwrap.dedent("""
-    import dataclasses, json, sys, time
+    import dataclasses, json, os, sys, time
     from pathlib import Path
     import ray
     from ray.cluster_utils import Cluster
@@ -43,7 +43,7 @@ SCRIPT = textwrap.dedent("""
         n = []
         for d in Path("/proc").iterdir():
             try:
-                if d.name.isdigit() and marker.encode() in (d / "cmdline").read_bytes():
+                if d.name.isdigit() and int(d.name) != os.getpid() and marker.encode() in (d / "cmdline").read_bytes():
                     n.append(int(d.name))
             except OSError:
                 pass
@@ -59,12 +59,24 @@ SCRIPT = textwrap.dedent("""
 
     # A node removed while its command runs: lost, and nothing of that trial left running.
     b.cfg = dataclasses.replace(b.cfg, command=dataclasses.replace(b.cfg.command, argv=[hang]))
-    started = lambda: len(procs(hang)) >= 2 and (cluster.remove_node(worker) or True)
+    # once both nodes' guard, torchrun and rank run, the worker node goes
+    started = lambda: len(procs(hang)) >= 6 and (cluster.remove_node(worker) or True)
     o = finish(runner, b.configs.baseline, during=started)
-    t0 = time.monotonic()  # torchrun, told by PDEATHSIG, stops its ranks: seconds on a loaded machine
-    while procs(hang) and time.monotonic() - t0 < 60:
+    # The removed node's actor process outlives its raylet until it notices (tens of seconds); when it exits, its
+    # guard's death signal kills torchrun and the ranks below it.
+    t0 = time.monotonic()
+    while procs(hang) and time.monotonic() - t0 < 40:
         time.sleep(0.5)
-    out["lost"] = {"status": o.status, "reason": o.reason, "left": procs(hang), "removed": worker.node_id}
+    def show(pid):
+        try:
+            stat = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\\0", b" ").decode()[:160]
+            return f"{pid} ppid {stat[1]} state {stat[0]}: {cmd}"
+        except OSError:
+            return f"{pid} gone"
+    out["lost"] = {"status": o.status, "reason": o.reason, "left": [show(p) for p in procs(hang)],
+                   "removed": worker.node_id,
+                   "cleared_after_s": time.monotonic() - t0}
 
     # Room again: the group is placed again and the next trial runs on both nodes.
     cluster.add_node(num_cpus=1)
