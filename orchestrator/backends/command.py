@@ -29,6 +29,22 @@ from orchestrator.frameworks.log import ParsedLog
 log = logging.getLogger(__name__)
 
 
+class RenderedConfigs(TrainerConfigs):
+    """Trainer configs whose every build is also rendered by the framework adapter, so ``check_sweep`` refuses at
+    load each config of the space the framework cannot express (a value with no flag, a flag set it refuses)."""
+
+    def __init__(self, backend: "CommandTrials", *args: Any):
+        self.backend = None
+        super().__init__(*args)
+        self.backend = backend
+
+    def build(self, overrides):
+        config = super().build(overrides)
+        if self.backend is not None:
+            self.backend.launch_for(config)
+        return config
+
+
 class CommandTrials:
     """The ``command`` backend: measured runs of the user's own training command."""
 
@@ -57,7 +73,7 @@ class CommandTrials:
         self.framework.refuse(cfg.space.override_keys)  # names the knob and the framework
         self.cfg = cfg
         self.keys = sorted(cfg.space.override_keys)
-        self.configs = TrainerConfigs(cfg.trainer, cfg.baseline, res.world_size, res.gpus_per_rank)
+        self.configs = RenderedConfigs(self, cfg.trainer, cfg.baseline, res.world_size, res.gpus_per_rank)
         self.launch_for(self.configs.baseline)  # the baseline's flags checked now, not at trial 1
         self.floor = blackbox_parity.CurveTolerance(
             c.parity_loss_rel, c.parity_grad_norm_rel, self.framework.resolution.get("loss", 0.0),

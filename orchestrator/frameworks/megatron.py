@@ -118,9 +118,14 @@ def refuse(keys: Iterable[str]) -> None:
 def render(cfg, keys: Sequence[str]) -> list[str]:
     """The Megatron-LM flags of the knobs ``keys`` for a trial config, from the shared mapping; ValueError where
     the mapping's flags break a rule Megatron asserts at start-up (megatron_flags.check_args, as export)."""
-    args, _ = megatron_args(cfg)
+    args, notes = megatron_args(cfg)
     if bad := check_args(args):
         raise ValueError(f"framework megatron: {'; '.join(bad)}")
+    for note in notes:  # a varied knob whose value has no Megatron flag would run as something else: refused
+        key, _, rest = note.removeprefix("not mapped: ").partition("=")
+        if note.startswith("not mapped: ") and rest and (key in keys or knob_of(key) in keys):
+            raise ValueError(f"{key}={rest.split(' ')[0]}: framework megatron cannot express this value "
+                             f"({note.removeprefix('not mapped: ')})")
     owned = {f for k in keys for f in KNOB_FLAGS[knob_of(k)]}
     out: list[str] = []
     for a in args:

@@ -89,6 +89,7 @@ def render(cfg, keys: Sequence[str]) -> list[str]:
     out: list[str] = []
     for k in keys:
         if values[k] is None:
-            raise ValueError(f"{k}: framework torchtitan has no value for {cfg.to_dict()}")
+            raise ValueError(f"{k}: framework torchtitan cannot express this value (it knows "
+                             f"{', '.join(_SCHEDULES if k == 'pipeline.schedule' else _AC_MODES)})")
         out += [KNOB_KEYS[k], str(values[k])]
     return out

@@ -319,3 +319,57 @@ def test_failure_line_is_the_ranks_not_torchruns():
             "  exitcode  : 3 (pid: 1)\n====")
     assert failure_line(text) == "boom (root cause: rank 0, exit code 3)"
     assert failure_line("") == "no output"
+
+
+# ---- the command backend's sweep section, checked at load (no Ray, nothing launched) ------------------
+
+from orchestrator import REPO_ROOT  # noqa: E402
+from orchestrator.sweep.config import load_sweep  # noqa: E402
+
+CPU_EXAMPLE = REPO_ROOT / "search_spaces" / "command-cpu.yaml"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["command.argv=[]"], "command.argv: required"),
+    (["command.nodes=3"], "command.nodes=3: a whole number >= 1 that divides resources.world_size=2"),
+    (["command.framework=deepspeed"], "command.framework='deepspeed': known frameworks"),
+    (["command.nodes=two"], "command.nodes"),
+])
+def test_command_section_refused_at_load(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        load_sweep(CPU_EXAMPLE, [f"storage.results_dir={tmp_path}", *overrides])
+
+
+@pytest.mark.parametrize("framework_name,params,message", [
+    ("megatron", {"pipeline.schedule": {"type": "categorical", "choices": ["1f1b"]}},
+     "space.params.pipeline.schedule: framework megatron cannot express"),
+    ("torchtitan", {"data_parallel.bucket_mb": {"type": "float", "low": 1, "high": 2}},
+     "space.params.data_parallel.bucket_mb: framework torchtitan cannot express"),
+    ("megatron", {"recompute.kind": {"type": "categorical", "choices": ["full", "op"]}},
+     "recompute.kind=op: framework megatron cannot express this value"),
+    ("torchtitan", {"recompute.kind": {"type": "categorical", "choices": ["full", "op"]}},
+     "recompute.kind: framework torchtitan cannot express this value"),
+])
+def test_a_space_the_framework_cannot_express_is_refused_at_load(tmp_path, framework_name, params, message):
+    import yaml
+
+    data = yaml.safe_load(CPU_EXAMPLE.read_text())
+    data["command"]["framework"] = framework_name
+    data["space"] = {"params": params}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match=message):
+        load_sweep(path, [f"storage.results_dir={tmp_path}"])
+
+
+def test_the_examples_load(tmp_path):
+    for name in ("command-cpu.yaml", "command-megatron.yaml"):
+        cfg = load_sweep(REPO_ROOT / "search_spaces" / name, [f"storage.results_dir={tmp_path}"])
+        assert cfg.built.name == "command"
+    meg = load_sweep(REPO_ROOT / "search_spaces" / "command-megatron.yaml", [f"storage.results_dir={tmp_path}"]).built
+    launch = meg.launch_for(meg.configs.build({"batch.micro_batch_size": 2, "tensor_parallel.size": 2,
+                                               "data_parallel.kind": "fsdp", "recompute.kind": "selective"}))
+    tail = launch.argv[len(meg.cfg.command.argv):]
+    assert flag_values(tail, "--micro-batch-size") == ["2"] and flag_values(tail, "--tensor-model-parallel-size") == ["2"]
+    assert "--use-distributed-optimizer" in tail and flag_values(tail, "--recompute-granularity") == ["selective"]
+    assert launch.env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and launch.env["NCCL_DEBUG"] == "WARN"
