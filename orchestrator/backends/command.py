@@ -44,6 +44,13 @@ class RenderedConfigs(TrainerConfigs):
             self.backend.launch_for(config)
         return config
 
+    def probe(self, cfg: Any, measured_steps: int) -> Any | None:
+        """A pruning probe cuts run.steps, which only steptune's trainer reads from the config: another framework's
+        iteration count is the user's own flag, so its trials are never cut short (no probe)."""
+        if self.backend is not None and self.backend.framework.result_file is None:
+            return None
+        return super().probe(cfg, measured_steps)
+
 
 class CommandTrials:
     """The ``command`` backend: measured runs of the user's own training command."""

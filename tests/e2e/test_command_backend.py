@@ -40,52 +40,6 @@ def _pids_running(marker: str) -> list[int]:
     return out
 
 
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    cfg = load_sweep(EXAMPLE, [f"storage.results_dir={tmp_path_factory.mktemp('results')}"])
-    b = cfg.built
-    b.join()
-    return b
-
-
-def test_trainer_through_torchrun_as_a_black_box(backend):
-    runner = backend.runner()
-    try:
-        base = backend.configs.baseline
-        out = _finish(runner, base)
-        assert out.status == "ok", out.reason
-        assert out.repeat is not None and out.repeat.status == "ok"  # the baseline ran twice
-        assert out.result.world_size == 2 and len(out.result.steps) == base.run.steps
-        assert out.parsed.steady and out.parsed.step_time_s == pytest.approx(out.result.summary.step_time_s)
-        argv = out.command["argv"]
-        assert argv[1:3] == ["-m", "torch.distributed.run"] and "--nnodes" in argv and "--node-rank" in argv
-        assert "--rdzv-endpoint" in argv and argv[argv.index("--nproc-per-node") + 1] == "2"
-        assert out.command["env"]["OMP_NUM_THREADS"] == "1"
-        assert [p["ranks"] for p in out.placement] == [[0, 1]] and out.placement[0]["node_id"]
-        logs = backend.cfg.results_dir / "command" / "run-0001"
-        assert (logs / "node0.stdout.log").read_text().strip()  # the trainer's own summary line
-        verdict = backend.judge("baseline", out, None, [out])
-        assert verdict.status == "ok" and verdict.parity["passed"] and verdict.parity["gate"] == "loss_curve"
-
-        # A legitimate layout (another micro-batch size, no recompute) learns the same: it passes.
-        layout = backend.configs.build({"batch.micro_batch_size": 4, "recompute.kind": "none"})
-        lo = _finish(runner, layout)
-        assert lo.status == "ok" and lo.repeat is None, lo.reason
-        v = backend.judge("trial", lo, None, [lo])
-        assert v.status == "ok", v.reason
-        assert v.parity["steps"] == base.run.steps
-
-        # A seeded maths change (learning rate + 1%, the smallest bug bench/parity_margins.py seeds) fails.
-        bug = backend.configs.build({"optim.lr": base.optim.lr * 1.01})
-        bo = _finish(runner, bug)
-        assert bo.status == "ok", bo.reason
-        v = backend.judge("trial", bo, None, [bo])
-        assert v.status == "infeasible" and "loss curve" in v.reason and not v.parity["passed"], v
-        assert runner.builds == 1  # the placement was reused by every trial
-    finally:
-        runner.close()
-
-
 def test_a_hung_command_is_killed_with_its_process_group(tmp_path):
     hang = tmp_path / "hang_forever.py"
     hang.write_text("import time\nwhile True:\n    time.sleep(1)\n")
@@ -113,8 +67,10 @@ def test_a_hung_command_is_killed_with_its_process_group(tmp_path):
         runner.close()
 
 
-def test_a_command_sweep_records_and_exports_what_ran(tmp_path):
-    """The whole path: sweep loop, ledger, Optuna, MLflow, then export of the winner's exact command line."""
+def test_a_command_sweep_records_judges_and_exports_what_ran(tmp_path):
+    """The whole path on the local Ray, steptune's trainer through torchrun as a black box on 2 ranks: the sweep
+    loop, ledger, Optuna, MLflow; the loss-curve gate (a legitimate layout passes, a seeded maths change fails);
+    the export of the exact command line."""
     import json
 
     from orchestrator.export.bundle import export_trial
@@ -129,12 +85,34 @@ def test_a_command_sweep_records_and_exports_what_ran(tmp_path):
     base = next(ln for ln in lines if ln["kind"] == "baseline")
     assert base["status"] == "ok" and base["backend"] == "command"
     assert base["parity"]["gate"] == "loss_curve" and base["parity"]["passed"]
-    assert base["command"]["argv"][1:3] == ["-m", "torch.distributed.run"]
-    assert base["framework_log"]["status"] == "ok" and base["placement"][0]["ranks"] == [0, 1]
+    argv = base["command"]["argv"]
+    assert argv[1:3] == ["-m", "torch.distributed.run"] and "--nnodes" in argv and "--node-rank" in argv
+    assert "--rdzv-endpoint" in argv and argv[argv.index("--nproc-per-node") + 1] == "2"
+    assert base["command"]["env"]["OMP_NUM_THREADS"] == "1"
+    assert base["framework_log"]["status"] == "ok" and base["framework_log"]["steady_lines"] == 6
+    assert [p["ranks"] for p in base["placement"]] == [[0, 1]] and base["placement"][0]["node_id"]
+    assert (cfg.results_dir / "command" / "run-0001" / "node0.stdout.log").read_text().strip()  # trainer's line
+    # A legitimate layout (TPE's first pick with seed 0: another micro-batch size, no recompute) passes.
     trial = next(ln for ln in lines if ln["kind"] == "trial")
-    assert trial["status"] in ("ok", "infeasible"), trial["reason"]
-    assert trial["parity"]["gate"] == "loss_curve"
+    assert trial["params"]["batch.micro_batch_size"] != 1 or trial["params"]["recompute.kind"] != "full"
+    assert trial["status"] == "ok" and trial["parity"]["passed"], trial["reason"]
+    assert trial["parity"]["steps"] == cfg.built.configs.baseline.run.steps
     assert len(read_records(ledger)) == len(lines)
+
+    # A seeded maths change (learning rate + 1%, the smallest bug bench/parity_margins.py seeds) fails the gate
+    # calibrated by this sweep's baseline.
+    backend = cfg.built
+    runner = backend.runner()
+    try:
+        bug = backend.configs.build({"optim.lr": backend.configs.baseline.optim.lr * 1.01})
+        out = _finish(runner, bug)
+        assert out.status == "ok" and out.repeat is None, out.reason
+        v = backend.judge("trial", out, None, [out])
+        assert v.status == "infeasible" and "loss curve" in v.reason and not v.parity["passed"], v
+        assert v.parity["first_fail_metric"] in ("loss", "grad_norm")
+    finally:
+        runner.close()
+
     paths = export_trial(ledger, base["trial"], tmp_path / "export", force=True)
     script = (tmp_path / "export" / "command.sh").read_text()
     assert any(p.name == "command.sh" for p in paths) and "torch.distributed.run" in script
