@@ -169,7 +169,8 @@ class CommandRunner:
         self.slots = 1
         self.artifacts = cfg.results_dir / "command"
         self._job: tuple[Any, Launch, int, bool] | None = None
-        self._first: tuple[list[NodeRun], float] | None = None
+        self._first: list[NodeRun] | None = None
+        """The baseline's first run while its repeat runs."""
         self._n = 0
 
     @property
@@ -192,14 +193,15 @@ class CommandRunner:
             return []
         cfg, launch, n, twice = self._job
         if twice and self._first is None and all(r.kind == "exit" and r.rc == 0 for r in runs):
-            self._first = (runs, 0.0)
+            self._first = runs
             self.group.launch(launch, f"{n:04d}-repeat", self.cfg.resources.trial_timeout_s)
             return []
-        first = self._first[0] if self._first else None
+        first = self._first
         self._job, self._first = None, None
         outcome = outcome_of(self.backend, cfg, launch, first or runs, self.group.ran_on,
                              self.artifacts / f"run-{n:04d}")
         if first is not None:
+            _keep_logs(runs, self.artifacts / f"run-{n:04d}" / "repeat")
             outcome.repeat = parse_runs(self.backend, cfg, runs)
             if outcome.repeat.status != "ok":
                 outcome.repeat = None
@@ -222,10 +224,7 @@ def _text(backend: CommandTrials, runs: list[NodeRun]) -> str:
 def outcome_of(backend: CommandTrials, cfg: Any, launch: Launch, runs: list[NodeRun], placement: list[dict],
                artifacts: Path) -> RunOutcome:
     """Classify the nodes' runs: lost, timeout, failed (or oom), nan, or ok with a Result from the parsed log."""
-    artifacts.mkdir(parents=True, exist_ok=True)
-    for r in runs:
-        (artifacts / f"node{r.node_rank}.stdout.log").write_text(r.stdout)
-        (artifacts / f"node{r.node_rank}.stderr.log").write_text(r.stderr)
+    _keep_logs(runs, artifacts)
     wall = max((r.wall_s for r in runs), default=0.0)
     where = f"; logs: {artifacts}"
     lost = [r for r in runs if r.kind == "lost"]
@@ -261,6 +260,13 @@ def outcome_of(backend: CommandTrials, cfg: Any, launch: Launch, runs: list[Node
     out.command = {"argv": runs[0].argv if runs else [], "env": dict(launch.env),
                    "per_node_argv": [r.argv for r in runs]}
     return out
+
+
+def _keep_logs(runs: list[NodeRun], folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for r in runs:
+        (folder / f"node{r.node_rank}.stdout.log").write_text(r.stdout)
+        (folder / f"node{r.node_rank}.stderr.log").write_text(r.stderr)
 
 
 def failure_line(text: str) -> str:
