@@ -258,7 +258,8 @@ def outcome_of(backend: CommandTrials, cfg: Any, launch: Launch, runs: list[Node
         out.parsed = parsed
     out.placement = placement
     out.command = {"argv": runs[0].argv if runs else [], "env": dict(launch.env),
-                   "per_node_argv": [r.argv for r in runs]}
+                   "per_node_argv": [r.argv for r in runs], "per_node_trial_dir": [r.folder for r in runs],
+                   "files": sorted(launch.files)}
     return out
 
 

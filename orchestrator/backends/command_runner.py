@@ -118,6 +118,8 @@ class NodeRun:
     wall_s: float = 0.0
     pgid: int | None = None
     argv: list[str] = field(default_factory=list)
+    folder: str | None = None
+    """The node-local trial folder ({trial_dir}) the command ran with."""
     error: str | None = None
 
 
@@ -204,7 +206,7 @@ class NodeGroup:
             try:
                 d = ray.get(done[0])
                 self._runs[i] = NodeRun(i, d["kind"], d["rc"], d["stdout"], d["stderr"], d["result"], d["wall_s"],
-                                        d["pgid"], d["argv"])
+                                        d["pgid"], d["argv"], d["folder"])
             except ray.exceptions.RayError as e:
                 self._runs[i] = NodeRun(i, "lost", error=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}")
             if self._runs[i].kind != "exit" or self._runs[i].rc != 0:

@@ -63,17 +63,25 @@ def framework(name: str, where: str = "command.framework") -> Framework:
 
 def what_ran(command: dict[str, Any], figures: dict[str, Any] | None) -> dict[str, str]:
     """The export of a command-backend trial: ``command.sh`` (its environment and the exact argv every node
-    started) and ``framework_log.json`` (what steptune read from its log), by file name."""
+    started, the node's trial folder written as the script's own folder, where the export puts the trial's files)
+    and ``framework_log.json`` (what steptune read from its log), by file name."""
     import json
     import shlex
 
     env = command.get("env") or {}
+    files = command.get("files") or []
     lines = ["#!/bin/sh", "# The exact command this trial ran: one torchrun per node (run each line on its node).",
-             "# Paths under /tmp/steptune-* were the trial's folder on that node ({trial_dir}); the trial's files",
-             "# (a steptune trial's trainer.yaml) are exported beside this script.", ""]
+             "# Its trial folder ({trial_dir}) is this script's folder" + (f", which holds {', '.join(files)}"
+                                                                       if files else "") + ".",
+             'DIR="$(cd "$(dirname "$0")" && pwd)"', ""]
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(env.items())] + [""]
-    for i, argv in enumerate(command.get("per_node_argv") or [command.get("argv") or []]):
-        lines += [f"# node {i}", shlex.join(argv)]
+    argvs = command.get("per_node_argv") or [command.get("argv") or []]
+    dirs = command.get("per_node_trial_dir") or [None] * len(argvs)
+    for i, (argv, folder) in enumerate(zip(argvs, dirs)):
+        line = shlex.join(argv)
+        if folder:
+            line = line.replace(folder, "$DIR")  # the folder is a plain temp path: quoting never splits it
+        lines += [f"# node {i}", line]
     out = {"command.sh": "\n".join(lines) + "\n"}
     if figures is not None:
         out["framework_log.json"] = json.dumps(figures, indent=1) + "\n"

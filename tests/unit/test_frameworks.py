@@ -373,3 +373,19 @@ def test_the_examples_load(tmp_path):
     assert flag_values(tail, "--micro-batch-size") == ["2"] and flag_values(tail, "--tensor-model-parallel-size") == ["2"]
     assert "--use-distributed-optimizer" in tail and flag_values(tail, "--recompute-granularity") == ["selective"]
     assert launch.env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and launch.env["NCCL_DEBUG"] == "WARN"
+
+
+def test_what_ran_points_the_command_at_the_exported_files():
+    from orchestrator.frameworks.adapters import what_ran
+
+    cmd = {"argv": ["python", "-m", "torch.distributed.run", "-m", "trainer", "--config", "/tmp/st-1/trainer.yaml"],
+           "env": {"A": "1 2"}, "files": ["trainer.yaml"],
+           "per_node_argv": [["python", "--node-rank", "0", "--config", "/tmp/st-1/trainer.yaml"],
+                             ["python", "--node-rank", "1", "--config", "/tmp/st-9/trainer.yaml"]],
+           "per_node_trial_dir": ["/tmp/st-1", "/tmp/st-9"]}
+    out = what_ran(cmd, {"status": "ok"})
+    script = out["command.sh"]
+    assert "export A='1 2'" in script and "holds trainer.yaml" in script
+    assert "python --node-rank 0 --config $DIR/trainer.yaml" in script
+    assert "python --node-rank 1 --config $DIR/trainer.yaml" in script and "/tmp/st-" not in script
+    assert json.loads(out["framework_log.json"]) == {"status": "ok"}
