@@ -7,6 +7,7 @@
     steptune export [--sweep NAME] [--trial N] [--out DIR] [--force]
     steptune calibrate [--sweep NAME] [--cluster FILE]
     steptune profile --config FILE [--ranks N] [--layers L] [--shrink F] [--ray-address ADDR]
+    steptune parse-log --framework megatron|torchtitan|steptune FILE [--json]
 
 Exit status: 0 done; 1 the sweep started and stopped (its baseline failed, Ray failed, another driver holds
 it); 2 bad input, refused before anything was launched or written; 130 interrupted. docs/cli.md has the rest.
@@ -246,6 +247,66 @@ def _ray_slices(address: str | None, timeout_s: float):
     return run_on_ray
 
 
+def _parse_log_args(p: argparse.ArgumentParser) -> None:
+    from orchestrator.frameworks.adapters import FRAMEWORKS
+
+    p.add_argument("--framework", required=True, choices=list(FRAMEWORKS), help="whose log FILE is")
+    p.add_argument("file", metavar="FILE", help="the log (megatron, torchtitan) or result JSON (steptune); - for stdin")
+    p.add_argument("--warmup", type=int, metavar="N", help="iterations excluded as warm-up (default: 1; steptune: "
+                   "its config's run.warmup_steps)")
+    p.add_argument("--expected", type=int, metavar="N", help="iterations the run was asked for (default: what the "
+                   "log says, where it says it); a log that stops earlier is truncated")
+    p.add_argument("--json", action="store_true", help="everything read, per iteration too, as JSON")
+
+
+def _parse_log(args: argparse.Namespace) -> int:
+    import json
+
+    from orchestrator.frameworks.adapters import framework
+
+    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(errors="replace")
+    parsed = framework(args.framework, "--framework").parse(text, args.warmup, args.expected)
+    if args.json:
+        print(json.dumps(parsed.to_dict(), indent=1))
+    else:
+        print(render_parsed(parsed))
+    return EXIT_OK if parsed.status == "ok" else EXIT_STOPPED
+
+
+def render_parsed(parsed) -> str:
+    """What steptune reads from a log, for a person: the status, then the steady-state figures."""
+    s = parsed.summary()
+    lines = [f"{parsed.framework}: {s['status']}" + (f" ({s['reason']})" if s["reason"] else ""),
+             f"iterations logged: {s['iterations']} (last {s['last_iteration']}"
+             + (f" of {s['expected']}" if s["expected"] else "") + f"), warm-up {s['warmup']} excluded, "
+             f"{s['steady_lines']} line(s) in the steady state"]
+
+    def show(label: str, value, fmt: str) -> None:
+        if value is not None:
+            lines.append(f"{label}: {fmt.format(value)}")
+
+    show("step time (median)", s["step_time_s"] and s["step_time_s"] * 1e3, "{:.1f} ms")
+    show("throughput per GPU (median)", s["tflops_per_gpu"], "{:.1f} TFLOP/s")
+    show("tokens/s per GPU (median)", s["tokens_per_s_per_gpu"], "{:,.0f}")
+    show("MFU (median, the framework's peak basis)", s["mfu"], "{:.1%}")
+    from orchestrator.units import fmt_bytes
+
+    for k, v in sorted(s["memory"].items()):
+        lines.append(f"memory {k} (peak over ranks): {fmt_bytes(v)}")
+    steady = parsed.steady
+    if steady and steady[0].loss is not None:
+        lines.append(f"loss: {steady[0].loss:.4f} (iteration {steady[0].step}) -> {steady[-1].loss:.4f} "
+                     f"(iteration {steady[-1].step})")
+    extra = sorted({k for it in parsed.iterations for k in it.losses} - {"lm loss", "loss"})
+    if extra:
+        lines.append(f"other loss columns: {', '.join(extra)}")
+    if s["skipped_iterations"] or s["nan_iterations"]:
+        lines.append(f"skipped iterations: {s['skipped_iterations']}, NaN iterations: {s['nan_iterations']}")
+    if s["ignored_lines"]:
+        lines.append(f"ignored: {s['ignored_lines']} line(s) that looked like iteration lines but did not read")
+    return "\n".join(lines)
+
+
 COMMANDS: list[Command] = [
     Command("sweep", "run or resume a sweep",
             "Run (or resume) the sweep a file describes: a baseline, then trials until settling rounds find the "
@@ -275,6 +336,11 @@ COMMANDS: list[Command] = [
             "Ray worker group as a sweep runs trials (embedded Ray, or --ray-address), "
             "and fit the planner's compute-side efficiencies to them: a calibration file with basis: measured.",
             _profile_args, _profile),
+    Command("parse-log", "show what steptune reads from a framework's log",
+            "Read a Megatron-LM or torchtitan log, or a steptune result JSON, as the command backend reads its trials: "
+            "the steady state (warm-up excluded, medians), peak memory, losses, and a status for a log that ends early, "
+            "holds NaN or has no iteration line. Exit 0 when the status is ok, 1 otherwise.",
+            _parse_log_args, _parse_log),
 ]
 
 

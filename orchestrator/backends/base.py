@@ -31,6 +31,12 @@ class RunOutcome:
     """File name -> gzipped torch.profiler trace, per rank, when the config set run.profile_step."""
     placement: list[dict] | None = None
     """Per rank (rank order): host, ip, Ray node_id, gpu_ids, pid (ray backend); written to the ledger line."""
+    parsed: Any = None
+    """command backend: what its framework's log said (orchestrator.frameworks.log.ParsedLog)."""
+    repeat: Any = None
+    """command backend, the baseline: the ParsedLog of its second run (calibrates black-box parity)."""
+    command: dict | None = None
+    """command backend: the exact argv per node and the environment the run was started with."""
 
     def save_traces(self, directory: Path) -> list[str]:
         """Write the traces under ``directory``, point the result's ranks at them; the paths written."""

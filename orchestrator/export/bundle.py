@@ -4,7 +4,7 @@ Reads the ledger (``results/<sweep>/trials.jsonl``, the source of truth) and wri
 
 - ``trainer.yaml``: the trial's resolved TrainConfig; ``python -m trainer --config trainer.yaml`` runs it
   as is, with exactly the trial's settings;
-- ``megatron_args.txt``: the same settings as Megatron-LM flags (orchestrator/export/megatron.py);
+- ``megatron_args.txt``: the same settings as Megatron-LM flags (orchestrator/frameworks/megatron_flags.py);
 - ``summary.md``: measured numbers vs the baseline, the parity verdict, the MLflow run id, and every
   knob Megatron cannot take, by name.
 
@@ -28,7 +28,7 @@ from orchestrator.records import answer as A
 from orchestrator.review.report import secs
 from orchestrator.sweep.config import load_saved_sweep
 from orchestrator.plan.verdict import verdict as plan_verdict, verdict_lines
-from orchestrator.export.megatron import format_args, megatron_args, megatron_args_for_plan
+from orchestrator.frameworks.megatron_flags import format_args, megatron_args, megatron_args_for_plan
 from orchestrator.records.ledger import read_records
 from orchestrator.records.record import Kind, ParityVerdict, Status, TrialRecord
 from trainer.config import TrainConfig, flatten
@@ -182,7 +182,14 @@ def export_trial(ledger_path: Path, trial: int | None, out_dir: Path, force: boo
     place = next(((i, len(ranked), s) for i, s in enumerate(ranked) if s.trial == record.trial), None)
     summary.write_text(summary_markdown(record, baseline, config, run, notes, forced, ledger_path, run_id, place,
                                         answer))
-    return [config_file, args_file, summary]
+    written = [config_file, args_file, summary]
+    if isinstance(record.extra.get("command"), dict):  # a command-backend trial: what actually ran
+        from orchestrator.frameworks.adapters import what_ran
+
+        for fname, body in what_ran(record.extra["command"], record.extra.get("framework_log")).items():
+            (out_dir / fname).write_text(body)
+            written.append(out_dir / fname)
+    return written
 
 
 def mlflow_run_of(ledger_path: Path, record: TrialRecord) -> str | None:

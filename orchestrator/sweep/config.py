@@ -110,6 +110,30 @@ class RayConfig:
 
 
 @dataclass(frozen=True)
+class CommandConfig:
+    """backend: command only: trials run the team's own launch command through torchrun on Ray-placed node actors."""
+
+    framework: str = "steptune"
+    """megatron, torchtitan or steptune: how a trial's knobs become the command's flags and how its log is read."""
+    argv: list = field(default_factory=list)
+    """What torchrun runs, with its fixed arguments: ["-m", "trainer"], or ["pretrain_gpt.py", "--num-layers", "24",
+    ...]; the trial's rendered flags are appended. ``{trial_dir}`` is the trial's folder on each node."""
+    nodes: int = 1
+    """Node actors (one per node, STRICT_SPREAD when more than one); resources.world_size ranks are split evenly."""
+    env: dict = field(default_factory=dict)
+    """Environment for every rank, over the framework's own (e.g. Megatron's CUDA_DEVICE_MAX_CONNECTIONS=1)."""
+    cwd: Optional[str] = None
+    """The command's working directory on every node (e.g. a Megatron-LM checkout); default: this repository."""
+    warmup: Optional[int] = None
+    """Iterations excluded from the steady state (default: the trainer config's run.warmup_steps, at least 1)."""
+    parity_loss_rel: float = 1e-5
+    """Black-box parity: the floor of the per-iteration loss tolerance (relative), widened to 10 x the baseline's
+    own run-to-run spread (the baseline runs twice); a bit-identical repeat would otherwise make it zero."""
+    parity_grad_norm_rel: float = 1e-4
+    """The same floor for the grad norm, where the log prints it."""
+
+
+@dataclass(frozen=True)
 class StorageConfig:
     results_dir: str = "results"
     """Where the ledgers (<results_dir>/<name>/trials.jsonl) and the default Optuna and MLflow stores live."""
@@ -146,7 +170,8 @@ class SweepConfig:
     name: str = "default"
     """Study name and results/<name>/ (letters, digits, '_', '-', '.')."""
     backend: str = "ray"
-    """ray: real multi-rank trials on Ray; model: the planner's predictions (needs planner:)."""
+    """ray: real multi-rank trials on Ray; model: the planner's predictions (needs planner:); command: the team's
+    own launch command through torchrun on Ray (needs command:)."""
     description: str = ""
     """Free text for the reader, kept with the sweep's record."""
     trainer: dict = field(default_factory=dict)
@@ -181,6 +206,8 @@ class SweepConfig:
     """Where results and the Optuna and MLflow stores go."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     """MLflow mirroring."""
+    command: CommandConfig = field(default_factory=CommandConfig)
+    """backend: command: the launch command, its framework and its nodes (docs/frameworks.md)."""
     prefilter: dict = field(default_factory=dict)
     """Memory pre-filter for real (ray) sweeps: {enabled, cluster, calibration, memory_budget_gb (GiB), margin};
     see orchestrator.backends.ray_trials.prefilter_from_settings."""

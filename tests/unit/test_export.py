@@ -12,7 +12,7 @@ import yaml
 from orchestrator.export import bundle as export
 from orchestrator.sweep.config import DEFAULT_SWEEP, load_saved_sweep
 from orchestrator.export.bundle import export_sweep, export_trial, find_ledger, pick, read_ledger
-from orchestrator.export.megatron import first_last, format_args, megatron_args, megatron_args_for_plan
+from orchestrator.frameworks.megatron_flags import check_args, first_last, format_args, megatron_args, megatron_args_for_plan
 from orchestrator.parity.verdict import Tolerance
 from orchestrator.records.record import Kind, Metrics, ParityVerdict, TrialRecord
 from trainer.__main__ import load_config
@@ -149,28 +149,25 @@ def test_megatron_flags(overrides, present, absent, note_parts):
 
 
 def test_megatron_invariants_over_the_table():
+    # Megatron asserts these combinations at start-up (megatron/training/arguments.py); the one definition of
+    # the rules is check_args, which the command backend's Megatron adapter applies too.
     for case in TABLE:
         args, _ = megatron_args(_cfg(**case.values[0]))
-        # Megatron asserts these combinations at start-up (megatron/training/arguments.py).
-        if "--overlap-param-gather" in args:
-            assert "--use-distributed-optimizer" in args and "--overlap-grad-reduce" in args
-        if flag(args, "--recompute-granularity") == ["selective"]:
-            assert "--recompute-method" not in args
-        tp = int(flag(args, "--tensor-model-parallel-size")[0])
-        assert int(flag(args, "--num-attention-heads")[0]) % tp == 0
-        if "--sequence-parallel" in args:  # Megatron turns sequence parallelism off at tp 1
-            assert tp > 1
-        if "--tp-comm-overlap" in args:
-            assert "--sequence-parallel" in args
-        if "--num-layers-per-virtual-pipeline-stage" in args:
-            assert "--decoder-first-pipeline-num-layers" not in args
-        if "--pipeline-model-parallel-layout" in args:  # the layout replaces every other split flag
-            assert not {"--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
-                        "--decoder-last-pipeline-num-layers"} & set(args)
-            layout = flag(args, "--pipeline-model-parallel-layout")[0]
-            assert layout.count("t") == int(flag(args, "--num-layers")[0])
-        assert len(args) == len(set(a for a in args if a.startswith("--"))) + sum(
-            1 for a in args if not a.startswith("--")), "a flag appears twice"
+        assert check_args(args) == [], (case.id, check_args(args))
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--overlap-param-gather", "--overlap-grad-reduce"], "--overlap-param-gather needs"),
+    (["--recompute-granularity", "selective", "--recompute-method", "uniform"], "--recompute-method is refused"),
+    (["--num-attention-heads", "6", "--tensor-model-parallel-size", "4"], "not divisible"),
+    (["--sequence-parallel", "--tensor-model-parallel-size", "1"], "--sequence-parallel with"),
+    (["--tp-comm-overlap", "--tensor-model-parallel-size", "2"], "--tp-comm-overlap needs"),
+    (["--num-layers", "4", "--pipeline-model-parallel-layout", "Et|tL"], "does not hold"),
+    (["--pipeline-model-parallel-layout", "Ett|ttL", "--decoder-first-pipeline-num-layers", "2"], "replaces"),
+    (["--lr", "0.1", "--lr", "0.2"], "given twice"),
+])
+def test_megatron_rules_refuse(args, fragment):
+    assert any(fragment in p for p in check_args(args)), check_args(args)
 
 
 # Every config field and where its value goes: a flag, or a note that names it (any of several where the
@@ -212,7 +209,7 @@ def test_no_knob_silently_dropped(overrides):
     cfg = _cfg(**overrides)
     args, notes = megatron_args(cfg)
     for key in flatten(cfg.to_dict()):
-        assert key in CARRIED, f"{key}: new config field, decide its Megatron mapping (orchestrator/export/megatron.py)"
+        assert key in CARRIED, f"{key}: new config field, decide its Megatron mapping (orchestrator/frameworks/megatron_flags.py)"
         evidence = CARRIED[key] if isinstance(CARRIED[key], tuple) else (CARRIED[key],)
         if key == "recompute.kind" and cfg.recompute.kind == "none":
             continue  # Megatron's default is no recompute

@@ -100,7 +100,7 @@ def test_graph_reads_function_level_and_relative_imports(tmp_path):
     graph = import_graph()
     # the ray backend imports workers only inside functions (Ray is heavy): the edge must still be there.
     assert "orchestrator.backends.workers" in graph["orchestrator.backends.ray_trials"]
-    assert "trainer.config" in graph["orchestrator.export.megatron"]
+    assert "trainer.config" in graph["orchestrator.frameworks.megatron_flags"]
 
 
 def test_no_import_cycles():

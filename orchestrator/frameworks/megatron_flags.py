@@ -362,3 +362,54 @@ def format_args(args: list[str]) -> str:
         else:
             lines[-1].append(a)
     return "\n".join(" ".join(line) for line in lines) + "\n"
+
+
+# ---- the rules Megatron-LM asserts at start-up (megatron/training/arguments.py), checked on any argv ----
+
+def flag_values(args: list[str], name: str) -> list[str] | None:
+    """Values following ``name`` in an argv (None when the flag is absent, [] for a switch)."""
+    if name not in args:
+        return None
+    i = args.index(name) + 1
+    out = []
+    while i < len(args) and not args[i].startswith("--"):
+        out.append(args[i])
+        i += 1
+    return out
+
+
+def check_args(args: list[str]) -> list[str]:
+    """What Megatron-LM would refuse in ``args`` at start-up, one line each ([]: nothing). The one definition of
+    these rules: ``export`` and the ``command`` backend's Megatron adapter (orchestrator.frameworks.megatron) both
+    check their flags with it, before anything is written or launched."""
+    bad: list[str] = []
+
+    def one(name: str) -> str | None:
+        v = flag_values(args, name)
+        return v[0] if v else None
+
+    if "--overlap-param-gather" in args and not {"--use-distributed-optimizer", "--overlap-grad-reduce"} <= set(args):
+        bad.append("--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce")
+    if flag_values(args, "--recompute-granularity") == ["selective"] and "--recompute-method" in args:
+        bad.append("--recompute-method is refused with --recompute-granularity selective")
+    tp = int(one("--tensor-model-parallel-size") or 1)
+    heads = one("--num-attention-heads")
+    if heads is not None and int(heads) % tp:
+        bad.append(f"--num-attention-heads {heads} is not divisible by --tensor-model-parallel-size {tp}")
+    if "--sequence-parallel" in args and tp == 1:
+        bad.append("--sequence-parallel with --tensor-model-parallel-size 1 (Megatron turns it off)")
+    if "--tp-comm-overlap" in args and "--sequence-parallel" not in args:
+        bad.append("--tp-comm-overlap needs --sequence-parallel")
+    if "--num-layers-per-virtual-pipeline-stage" in args and "--decoder-first-pipeline-num-layers" in args:
+        bad.append("--num-layers-per-virtual-pipeline-stage with --decoder-first-pipeline-num-layers")
+    if "--pipeline-model-parallel-layout" in args:
+        if {"--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
+                "--decoder-last-pipeline-num-layers"} & set(args):
+            bad.append("--pipeline-model-parallel-layout replaces every other pipeline split flag")
+        layers = one("--num-layers")
+        if layers is not None and (one("--pipeline-model-parallel-layout") or "").count("t") != int(layers):
+            bad.append("--pipeline-model-parallel-layout does not hold --num-layers decoder layers")
+    names = [a for a in args if a.startswith("--")]
+    if dup := sorted({a for a in names if names.count(a) > 1}):
+        bad.append(f"flag(s) given twice: {', '.join(dup)}")
+    return bad
