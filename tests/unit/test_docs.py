@@ -65,11 +65,11 @@ def test_a_new_subcommand_makes_the_cli_reference_stale(monkeypatch):
         p.add_argument("--log", metavar="FILE", required=True, help="the training log to read")
         p.add_argument("--limit", type=int, default=5, help="at most this many lines")
 
-    monkeypatch.setattr(cli, "COMMANDS", [*cli.COMMANDS, cli.Command("parse-log", "read a log", "Reads a log.", add,
+    monkeypatch.setattr(cli, "COMMANDS", [*cli.COMMANDS, cli.Command("new-thing", "read a log", "Reads a log.", add,
                                                                      lambda a: 0)])
     text = docgen.render_cli()
-    assert "| [`parse-log`](#parse-log) | read a log |" in text and "### `parse-log`" in text
-    assert "steptune parse-log [-h] --log FILE [--limit LIMIT]" in text
+    assert "| [`new-thing`](#new-thing) | read a log |" in text and "### `new-thing`" in text
+    assert "steptune new-thing [-h] --log FILE [--limit LIMIT]" in text
     assert "| `--log FILE` | required: the training log to read |" in text
     assert "| `--limit LIMIT` | at most this many lines (default: 5) |" in text
     assert docgen.stale(REPO) == ["docs/cli.md"]
