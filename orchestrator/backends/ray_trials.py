@@ -135,7 +135,13 @@ class RayTrials:
         if status in ("ok", "pruned") and outcome.result is not None:
             try:
                 if kind == "canonical":
-                    verdict = gate.judge_canonical(outcome.result)
+                    # runs[1:]: its self-check decompositions (ParityGate.self_checks), all needed to certify it
+                    unrun = next((r for r in runs[1:] if r.status != "ok" or r.result is None), None)
+                    if unrun is not None:
+                        return Judgement("failed" if unrun.status == "ok" else unrun.status,
+                                         f"its self-check run (one rank, microbatches of one sequence) did not run: "
+                                         f"{unrun.status}: {unrun.reason}", None)
+                    verdict = gate.judge_canonical(outcome.result, [r.result for r in runs[1:]])
                 elif kind == "baseline":
                     repeats = [r.result for r in runs[1:] if r.status == "ok" and r.result is not None]
                     verdict = gate.judge_baseline(outcome.result, repeats)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from orchestrator.parity import certify
 from orchestrator.parity import verdict as parity
 from trainer.config import ReplicateDP, TrainConfig, apply_overrides, flatten
 from trainer.knobs import KNOB_SECTIONS
@@ -246,20 +247,28 @@ class ParityGate:
         """What the canonical run shares with the baseline (shared_settings); set by canonical_to_run."""
         self.tried: list[tuple[str, bool | None, str]] = []
         """The baseline's suspects, as run (blame's input); set by the sweep between suspects and judge_baseline."""
+        self.broken: str | None = None
+        """Why the canonical run failed its self-check: nothing is judged after that (judge_baseline refuses)."""
 
     def path(self, cfg: dict[str, Any]) -> Path:
         return self.refs.path(parity.maths_key(cfg))
 
     def canonical_to_run(self, baseline: TrainConfig,
                          fits: Callable[[TrainConfig], bool] = _fits_always) -> TrainConfig | None:
-        """The canonical config to run before the baseline; None when the store holds a run of that very layout,
-        or when the baseline is the canonical layout itself (its own run then anchors the store)."""
+        """The canonical config to run before the baseline (even when the baseline is that layout: it must certify
+        itself first); None when the store holds a certified run of that very layout (certify)."""
         canonical = canonical_config(baseline, fits)
         self.shared = shared_settings(canonical, baseline)
         layout = parity.layout_key(canonical.to_dict())
-        if any(r.get("layout_key") == layout for r in self.refs.runs(parity.maths_key(baseline.to_dict()))):
+        if any(r.get("layout_key") == layout and r.get("self_check")
+               for r in self.refs.runs(parity.maths_key(baseline.to_dict()))):
             return None
-        return None if canonical == baseline else canonical
+        return canonical
+
+    def self_checks(self, canonical: TrainConfig) -> list[TrainConfig]:
+        """What runs right after the canonical run, for judge_canonical to certify it with (certify)."""
+        second = certify.self_check_config(canonical)
+        return [] if second is None else [second]
 
     def needs_repeat(self, result: Any) -> bool:
         """bf16/GPU with no stored repeat of this layout: the baseline runs twice to measure its own spread."""
@@ -267,18 +276,34 @@ class ParityGate:
         return parity.needs_repeat(result.config) and not any(
             r.get("layout_key") == layout for r in self.refs.runs(parity.maths_key(result.config)))
 
-    def judge_canonical(self, result: Any) -> dict[str, Any]:
-        """Compare the canonical run with a store left by an older version (if any); store it if it passes."""
-        ref = parity.reference_from_result(result, role="canonical")
+    def judge_canonical(self, result: Any, checks: Sequence[Any] = ()) -> dict[str, Any]:
+        """Certify the canonical run against its second decomposition (``checks``: the results of self_checks'
+        configs), then compare it with a store left by an older version (if any); store it, or mark the stored run
+        of its layout certified, only if both pass. A failed certification stops every later judgement."""
+        canonical = TrainConfig.from_dict(result.config)
+        if certify.self_check_config(canonical) is not None and not checks:
+            raise TrustError("the canonical run was not certified: its self-check run (the batch as microbatches of "
+                             "one sequence) is missing", {"passed": False})
+        record = certify.uncheckable(canonical)
+        for second in checks:
+            record, verdict = certify.self_check(result, second)
+            if not record["passed"]:
+                self.broken = certify.disagreement(record, verdict)
+                raise TrustError(self.broken, {**verdict, "shared_with_canonical": list(self.shared)})
+        ref = {**parity.reference_from_result(result, role="canonical"), "self_check": record}
         runs = self.refs.runs(ref["maths_key"])
         verdict = parity.compare(runs[0] if runs else ref, result, tolerance=parity.tolerance_for(runs or [ref]))
         verdict["shared_with_canonical"] = list(self.shared)
+        verdict["self_check"] = record
         if not verdict["passed"]:
             raise TrustError(
                 f"the canonical reference run does not reproduce the stored reference of the same maths: "
                 f"{parity.describe_failure(verdict)}. If the software or hardware changed on purpose, delete "
                 f"{self.refs.path(ref['maths_key'])} and run again; otherwise the trainer changed what it computes", verdict)
-        self.refs.add(ref)
+        if runs and runs[0].get("role") == "canonical" and runs[0].get("layout_key") == ref["layout_key"]:
+            self.refs.certify(ref["maths_key"], record)  # an anchor left by an older version, certified now
+        else:
+            self.refs.add(ref)
         return verdict
 
     def _anchor(self, result: Any, repeats: Sequence[Any] = ()) -> tuple[dict[str, Any], parity.Tolerance]:
@@ -312,6 +337,8 @@ class ParityGate:
 
     def judge_baseline(self, result: Any, repeats: list[Any] = ()) -> dict[str, Any]:
         """The baseline (and its repeats) against the anchor; all stored if they pass, else TrustError."""
+        if self.broken is not None:
+            raise TrustError(self.broken, {"passed": False})
         new = [parity.reference_from_result(r) for r in (result, *repeats)]
         key = new[0]["maths_key"]
         runs = self.refs.runs(key)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,25 @@ DEFAULT_TOLERANCE = {
     "fp32": Tolerance(loss_rel=1e-5, grad_norm_rel=1e-4, param_rel=1e-4, replica_abs=1e-6),
     "bf16": Tolerance(loss_rel=1e-4, grad_norm_rel=1e-3, param_rel=5e-2, replica_abs=1e-6),
 }
+HEADROOM = 5.0
+"""A tolerance is HEADROOM x the largest difference measured between legitimate layouts of the same maths
+(bench/parity_margins.py's calibration set), rounded up to one significant digit (derive_tolerance)."""
+MIN_TOLERANCE = 1e-7
+"""No relative tolerance below a few fp32 roundings, whatever a calibration measured."""
+
+
+def derive_tolerance(largest: dict[str, float], replica_abs: float) -> Tolerance:
+    """The tolerance from the largest legitimate differences per metric (``loss_rel``, ``grad_norm_rel``,
+    ``param_rel``): HEADROOM x each, rounded up to one significant digit, at least MIN_TOLERANCE."""
+    def up(x: float) -> float:
+        x = max(HEADROOM * x, MIN_TOLERANCE)
+        mantissa, exp = f"{x:.6e}".split("e")
+        return float(f"{math.ceil(float(mantissa) - 1e-9)}e{exp}")
+
+    return Tolerance(loss_rel=up(largest["loss_rel"]), grad_norm_rel=up(largest["grad_norm_rel"]),
+                     param_rel=up(largest["param_rel"]), replica_abs=replica_abs)
+
+
 REPEAT_FACTOR = 10.0
 """bf16/GPU only: a tolerance may widen to REPEAT_FACTOR x the run-to-run spread of repeats of one layout."""
 MAX_WIDENING = 5.0
@@ -270,11 +290,20 @@ class ReferenceStore:
         """Append a run that passed against the anchor (the caller checked); the anchor is always kept."""
         runs = self.runs(ref["maths_key"]) + [ref]
         runs = runs[:1] + runs[1:][-(self.KEEP - 1):]
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".{ref['maths_key']}.tmp"
-        tmp.write_text(json.dumps({"maths_key": ref["maths_key"], "runs": runs}))
-        tmp.replace(self.path(ref["maths_key"]))
+        self._write(ref["maths_key"], runs)
         return runs
+
+    def certify(self, key: str, self_check: dict[str, Any]) -> None:
+        """Mark the anchor of ``key`` certified (orchestrator.parity.certify): a canonical run stored by an older
+        version, reproduced and certified by this one."""
+        runs = self.runs(key)
+        self._write(key, [{**runs[0], "self_check": self_check}, *runs[1:]])
+
+    def _write(self, key: str, runs: list[dict[str, Any]]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".{key}.tmp"
+        tmp.write_text(json.dumps({"maths_key": key, "runs": runs}))
+        tmp.replace(self.path(key))
 
 
 def needs_repeat(train_cfg: dict[str, Any]) -> bool:

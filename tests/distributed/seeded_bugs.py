@@ -210,6 +210,103 @@ def bug_last_bucket_not_averaged_under_overlap():
     gs.GradReducer.finish = finish
 
 
+
+def bug_loss_scaled_for_large_microbatch():
+    """A microbatch of n >= 4 sequences has its loss scaled by 1/(n+1): right for small microbatches, wrong for the
+    whole batch as one microbatch, so the bug sits in the canonical run itself. Only the canonical run's self-check
+    (the same maths as several microbatches of 1, orchestrator.parity.trust.self_check_config) can see it."""
+    import trainer.run as run
+
+    orig = run.token_loss
+
+    def loss(logits, target, replica_tokens):
+        n = target.shape[0]
+        out = orig(logits, target, replica_tokens)
+        return out / (n + 1) if n >= 4 else out
+    run.token_loss = loss
+
+
+_SEEN: dict = {}
+"""The rank's TrainConfig, for bugs keyed on a layout (set by _remember_config's patched parallelize)."""
+
+
+def _remember_config():
+    import trainer.run as run
+
+    orig = run.parallelize
+
+    def parallelize(cfg, groups, device, loss_fn):
+        _SEEN["cfg"] = cfg
+        par = orig(cfg, groups, device, loss_fn)
+        _SEEN["par"] = par
+        return par
+    run.parallelize = parallelize
+
+
+def bug_interleaved_last_norm_bias_grad_zeroed():
+    """Under the interleaved schedule (virtual stages > 1) the last stage's final LayerNorm bias gets no gradient:
+    a chunk-bookkeeping slip that loses the one parameter only the last chunk has. Thin: that bias starts at zero
+    and only moves the loss from step 1 on."""
+    import trainer.run as run
+    import torch
+
+    _remember_config()
+    orig = run.parallelize
+
+    def parallelize(cfg, groups, device, loss_fn):
+        par = orig(cfg, groups, device, loss_fn)
+        if cfg.pipeline.virtual_stages > 1:
+            for chunk in par.chunks:
+                for name, p in chunk.named_parameters():
+                    if name.endswith("norm_f.bias"):
+                        p.register_hook(torch.zeros_like)
+        return par
+    run.parallelize = parallelize
+
+
+def bug_selective_recompute_tp_replays_perturbed_attention():
+    """Selective recompute under tensor parallelism: the core attention's replay in backward runs on q, k, v
+    off by 1e-2 (a TP region's cached input that is not the forward's). The forward and the loss at step 0 are
+    right; only the attention gradients are slightly wrong, so the loss moves from step 1 on."""
+    import trainer.model as model
+
+    _remember_config()
+    orig = model._maybe_checkpoint
+
+    def maybe_checkpoint(enabled, fn, *args):
+        cfg = _SEEN.get("cfg")
+        if not (enabled and model.torch.is_grad_enabled() and cfg is not None and cfg.tensor_parallel.size > 1
+                and cfg.recompute.kind == "selective"):
+            return orig(enabled, fn, *args)
+        calls = [0]
+
+        def replayed(*xs):
+            calls[0] += 1
+            return fn(*(x * (1 + 1e-2) if calls[0] > 1 and x.is_floating_point() else x for x in xs))
+        return model.checkpoint(replayed, *args, use_reentrant=False)
+    model._maybe_checkpoint = maybe_checkpoint
+
+
+def bug_sp_norm_grads_averaged_under_dp():
+    """Sequence parallelism with data parallelism: the norm weights' gradients are averaged over the TP group
+    instead of summed (a reduction op that is right for the DP average, reused for TP). Adam nearly undoes a
+    constant factor on a gradient, so what is left is thin: its epsilon and the global grad norm."""
+    import trainer.run as run
+    from torch.distributed.tensor import DTensor
+
+    _remember_config()
+    orig = run.finish_grads
+
+    def finish(params):
+        cfg = _SEEN.get("cfg")
+        partial = [p for p in params if isinstance(p.grad, DTensor) and any(pl.is_partial() for pl in p.grad.placements)]
+        orig(params)
+        if cfg is not None and cfg.parallel.dp > 1:
+            for p in partial:
+                p.grad.mul_(1.0 / cfg.tensor_parallel.size)
+    run.finish_grads = finish
+
+
 # (bug, layout overrides, first failing step it must be caught at, metric that catches it)
 BUGS = [
     (bug_loss_not_divided_by_microbatches, {"parallel.pp": 2}, 0, "loss"),
@@ -226,4 +323,12 @@ BUGS = [
     (bug_sp_norm_grads_not_reduced, {"tensor_parallel.size": 2}, 2, "loss"),  # Adam turns the skew into steps
     (bug_vocab_parallel_loss_local_softmax_normaliser, {"tensor_parallel.size": 2}, 0, "loss"),
     (bug_vocab_parallel_loss_divided_by_tp, {"tensor_parallel.size": 2, "parallel.pp": 2}, 0, "loss"),
+]
+
+THIN_BUGS = [
+    # (bug, layout overrides): the thinnest margins of issue 27's hand-seeded bugs, measured by bench/parity_margins.py
+    (bug_interleaved_last_norm_bias_grad_zeroed, {"parallel.pp": 2, "pipeline.schedule": "interleaved_1f1b",
+                                                  "pipeline.virtual_stages": 2, "batch.micro_batch_size": 1}),
+    (bug_selective_recompute_tp_replays_perturbed_attention, {"tensor_parallel.size": 2, "recompute.kind": "selective"}),
+    (bug_sp_norm_grads_averaged_under_dp, {"tensor_parallel.size": 2, "parallel.dp": 2}),
 ]

@@ -382,6 +382,14 @@ def test_a_probe_is_judged_on_its_own_updates(tmp_path):
         "steps"] == 3
 
 
+def second_of(canon, losses=None, norms=None, fingerprint=None):
+    """The canonical run's self-check run (orchestrator.parity.certify): the same numbers unless given, one
+    sequence per microbatch."""
+    return make_result(losses or [s.loss for s in canon.steps], norms=norms or [s.grad_norm for s in canon.steps],
+                       fingerprint=fingerprint or canon.fingerprint,
+                       **{**flatten(canon.config), "batch.micro_batch_size": 1})
+
+
 def _gate_with_canonical(tmp_path, **over):
     from orchestrator.parity.trust import ParityGate
 
@@ -391,8 +399,8 @@ def _gate_with_canonical(tmp_path, **over):
     baseline = TrainConfig.from_dict(apply_overrides(TrainConfig().to_dict(), {"parallel.pp": 2}))
     canon = make_result([5.0, 4.9, 4.8], norms=[1.0, 0.9, 0.8], **flatten(canonical_config(baseline).to_dict()))
     assert gate.canonical_to_run(baseline) is not None  # nothing stored yet
-    assert gate.judge_canonical(canon)["passed"]
-    assert gate.canonical_to_run(baseline) is None  # stored: not run again
+    assert gate.judge_canonical(canon, [second_of(canon)])["passed"]
+    assert gate.canonical_to_run(baseline) is None  # stored and certified: not run again
     return gate, canon
 
 
@@ -470,14 +478,19 @@ def test_bf16_baseline_repeat_widens_within_the_cap_and_is_stored(tmp_path):
     assert MAX_WIDENING * DEFAULT_TOLERANCE["bf16"].loss_rel < 1e-2
 
 
-def test_a_canonical_baseline_is_its_own_anchor(tmp_path):
+def test_a_canonical_baseline_is_certified_like_any_other(tmp_path):
+    """A baseline that is the canonical layout itself still has its canonical run certified first (it used to
+    anchor the store uncertified); the baseline then matches it exactly."""
     from orchestrator.parity.verdict import ReferenceStore
     from orchestrator.parity.trust import ParityGate, canonical_config
 
     gate = ParityGate(tmp_path / "refs")
     base = canonical_config(TrainConfig.from_dict(apply_overrides(TrainConfig().to_dict(), {"parallel.dp": 2})))
-    assert gate.canonical_to_run(base) is None  # nothing to run twice
+    assert gate.canonical_to_run(base) == base
+    assert [c.batch.micro_batch_size for c in gate.self_checks(base)] == [1]
     result = make_result([5.0, 4.9], **flatten(base.to_dict()))
+    assert gate.judge_canonical(result, [second_of(result)])["passed"]
     assert gate.judge_baseline(result)["passed"]
-    assert [r["role"] for r in ReferenceStore(tmp_path / "refs").runs(maths_key(result.config))] == ["canonical"]
+    assert [r["role"] for r in ReferenceStore(tmp_path / "refs").runs(maths_key(result.config))] == [
+        "canonical", "baseline"]
     assert gate.canonical_to_run(base) is None

@@ -136,7 +136,7 @@ def test_a_clearly_slower_probe_is_pruned_and_a_fast_one_measured_in_full(config
     assert fast.status == "ok" and fast.metrics.step_time_s == 0.5 and fast.probe.skipped_steps == 0
     assert fast.overhead_s == pytest.approx(0.2)  # two runs (probe + full), 0.1 s outside updates each
     # The pruned trial ran its probe only; the fast one its probe, then the full measurement.
-    mbs = [(c.batch.micro_batch_size, c.run.steps) for c in runner.submitted]
+    mbs = [(c.batch.micro_batch_size, c.run.steps) for c in runner.submitted if c.world_size > 1]  # not the canonical's
     assert (1, steps) not in mbs and (1, probe_steps) in mbs and [(4, probe_steps), (4, steps)] == \
         [m for m in mbs if m[0] == 4]
     states = {t.number: t.state for t in trials_of(cfg)}
@@ -167,7 +167,8 @@ def test_a_pruned_trial_is_judged_on_its_probe_and_a_layout_bug_there_is_parity_
     same updates, and the trial is infeasible with a parity constraint, not just pruned."""
     cfg = config(pruning={"enabled": True, "after_steps": 2, "slower_than_best": 1.2},
                  enqueue=[{"batch.micro_batch_size": 1}, {"batch.micro_batch_size": 4}], search={"n_trials": 3})
-    sweep, runner = run_loop(cfg, BuggyRunner(lambda c: c.batch.micro_batch_size == 1))
+    # the bug at mbs 1 with data parallelism: the canonical run's one-rank self-check at mbs 1 is clean
+    sweep, runner = run_loop(cfg, BuggyRunner(lambda c: c.batch.micro_batch_size == 1 and c.world_size > 1))
     slow = by_trial(sweep)[1]
     probe_steps = cfg.built.configs.baseline.run.warmup_steps + 2
     assert slow.status == "infeasible" and slow.parity.steps == probe_steps and not slow.parity.passed
@@ -272,9 +273,9 @@ def test_resume_tells_a_recorded_running_trial_and_requeues_an_unrecorded_one(co
 
 def test_resume_queues_the_confirm_run_of_an_unconfirmed_winner(config):
     cfg = config("target.step_time_s=0.6", "confirm.repeats=1", enqueue=[{"batch.micro_batch_size": 4}])
-    # canonical, baseline, the winner, then killed as its confirm run starts
+    # canonical, its self-check, baseline, the winner, then killed as its confirm run starts
     with pytest.raises(KeyboardInterrupt):
-        run_loop(cfg, FakeRunner(die_at=4))
+        run_loop(cfg, FakeRunner(die_at=5))
     again = open_sweep(cfg)
     again.backend.runner = FakeRunner
     try:
@@ -397,13 +398,14 @@ def test_the_wall_time_budget_also_ends_the_re_measurements(config, monkeypatch)
             clock["now"] += self._done[-1][1].wall_s
 
     monkeypatch.setattr(sweep_module, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"], time=time.time))
-    # canonical + baseline: 7.4 s in, plus a median run of 3.7 s, fits 12 s: the trial starts; after it
-    # (10.8 s in) another run does not fit, so the overlapping leader is not run again.
-    cfg = config("search.n_trials=2", "search.wall_time_s=12", "winner.max_repeats=8",
+    # canonical with its self-check (one record of 7.4 s) and baseline (3.7 s): 11.1 s in, plus a median record
+    # of 5.55 s, fits 17 s: the trial starts; after it (14.5 s in) another run (median 3.7 s) does not fit, so the
+    # overlapping leader is not run again.
+    cfg = config("search.n_trials=2", "search.wall_time_s=17", "winner.max_repeats=8",
                  enqueue=[{"batch.micro_batch_size": 4}])
     sweep, _ = run_loop(cfg, Timed(scripted({2: [0.60], 4: [0.55]})))
     assert [r.kind for r in sweep.records] == ["canonical", "baseline", "trial"]
-    assert sweep.stop_reason == "the wall-time budget (12 s) is spent"
+    assert sweep.stop_reason == "the wall-time budget (17 s) is spent"
     from orchestrator.records import winner
 
     assert winner.summary(sweep.records, cfg.winner)["remeasure_trials"] == [1, 0]
