@@ -212,17 +212,18 @@ def bug_last_bucket_not_averaged_under_overlap():
 
 
 def bug_loss_scaled_for_large_microbatch():
-    """A microbatch of n >= 4 sequences has its loss scaled by 1/(n+1): right for small microbatches, wrong for the
-    whole batch as one microbatch, so the bug sits in the canonical run itself. Only the canonical run's self-check
-    (the same maths as several microbatches of 1, orchestrator.parity.trust.self_check_config) can see it."""
+    """For microbatches of >= 4 sequences the loss is scaled by 1/(n+1), n the replica's microbatch count: right for
+    small microbatches, wrong for the whole batch as one microbatch (scaled by 1/2), so the bug sits in the canonical
+    run itself, and a baseline with one microbatch of >= 4 per replica carries it identically. Only the canonical
+    run's self-check (the same maths as microbatches of one sequence, orchestrator.parity.certify) sees it."""
     import trainer.run as run
 
     orig = run.token_loss
 
     def loss(logits, target, replica_tokens):
-        n = target.shape[0]
         out = orig(logits, target, replica_tokens)
-        return out / (n + 1) if n >= 4 else out
+        n = replica_tokens // target.numel()
+        return out / (n + 1) if target.shape[0] >= 4 else out
     run.token_loss = loss
 
 

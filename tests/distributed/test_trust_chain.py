@@ -93,3 +93,32 @@ def test_a_pruned_trial_carrying_a_layout_bug_is_parity_failed(tmp_path):
     assert judged.status == "infeasible" and judged.parity["steps"] == 3 and not judged.parity["passed"], judged
     assert judged.reason.startswith("parity: ") and "on the probe's 3 updates); also probe:" in judged.reason
     assert trial.run.steps > 3 and canonical_config(trial) == canonical_config(baseline)
+
+
+@pytest.mark.timeout(240)
+def test_a_bug_in_the_canonical_run_itself_stops_at_its_self_check(tmp_path):
+    """Issue 27 item 4: a loss scaled by 1/(n+1) for microbatches of n >= 4 sequences is in the canonical run (the
+    whole batch as one microbatch). With a baseline of micro-batch 1 and of micro-batch 8 (dp 2) alike, the
+    canonical run's self-check (the same maths as microbatches of one sequence) disagrees, the chain stops naming
+    the micro-batch size, nothing is stored and no baseline or trial is judged. Without the self-check the
+    micro-batch 8 baseline would have agreed with the buggy canonical run and become the answer."""
+    from orchestrator.parity.verdict import compare, reference_from_result
+
+    steps = {"run.steps": 2, "batch.global_batch": 16}
+    baselines = [cfg({"parallel.dp": 2, "batch.micro_batch_size": m, **steps}) for m in (1, 8)]
+    gates = [ParityGate(tmp_path / f"refs{i}") for i in range(2)]
+    canonicals = [g.canonical_to_run(b) for g, b in zip(gates, baselines)]
+    assert canonicals[0] == canonicals[1] and canonicals[0].batch.micro_batch_size == 16  # one canonical run for both
+    (second,) = gates[0].self_checks(canonicals[0])
+    canon, check, base8 = run_all([canonicals[0], second, baselines[1]], bugs.bug_loss_scaled_for_large_microbatch)
+    assert compare(reference_from_result(canon), base8)["passed"]  # the trap: both carry the bug, and agree
+    for gate in gates:
+        with pytest.raises(TrustError) as err:
+            gate.judge_canonical(canon, [check])
+        msg = str(err.value)
+        assert "the canonical run does not certify itself" in msg and "loss differs at step 0" in msg, msg
+        assert "The decomposition that differs is batch.micro_batch_size (16 vs 1)" in msg, msg
+        assert not list((gate.refs.root).glob("*.json")) if gate.refs.root.exists() else True  # nothing stored
+        with pytest.raises(TrustError, match="does not certify itself"):
+            gate.judge_baseline(base8)
+        assert gate.reference is None and gate.judge(base8) is None  # no trial is judged
