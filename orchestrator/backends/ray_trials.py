@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from orchestrator.parity import verdict as parity
 from orchestrator.parity import trust
@@ -121,11 +121,13 @@ class RayTrials:
         return gate.canonical_to_run(baseline, lambda cfg: not prefilter.verdict(cfg).skip)
 
     def suspect_runs(self, gate: trust.ParityGate, baseline: TrainConfig,
-                     outcome: RunOutcome) -> list[tuple[str, TrainConfig | str]]:
-        """A baseline that disagrees with the canonical run: its active families, each set back alone."""
+                     outcome: RunOutcome) -> Iterator[tuple[str, TrainConfig | str]]:
+        """A baseline that disagrees with the canonical run: its active families, each set back alone; then, when
+        none of them agreed once run (the sweep records each before asking for the next), every two together."""
         if outcome.status != "ok" or outcome.result is None:
-            return []
-        return gate.suspects(baseline, outcome.result)
+            return
+        yield from gate.suspects(baseline, outcome.result)
+        yield from gate.pairs(baseline)
 
     def judge(self, kind: str, outcome: RunOutcome, gate: trust.ParityGate,
               runs: Sequence[RunOutcome]) -> Judgement:

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from orchestrator.parity import blame as blame_sentence
 from orchestrator.parity import certify
 from orchestrator.parity import verdict as parity
 from trainer.config import ReplicateDP, TrainConfig, apply_overrides, flatten
-from trainer.knobs import KNOB_SECTIONS
+from trainer.knobs import KNOB_SECTIONS, TensorParallel
 
 CANONICAL = {"parallel.pp": 1, "parallel.dp": 1, "tensor_parallel.size": 1, "pipeline.virtual_stages": 1,
              "data_parallel.kind": "replicate", "data_parallel.overlap_grad_reduce": False, "recompute.kind": "none"}
@@ -158,6 +159,15 @@ FAMILIES: tuple[Family, ...] = (
            lambda c: c.batch.micro_batch_size != one_microbatch_size(c),
            lambda c: {"batch.micro_batch_size": one_microbatch_size(c)}),
     Family("recompute", ("recompute.",), lambda c: c.recompute.kind != "none", lambda c: {"recompute.kind": "none"}),
+    Family("tensor_parallel.size", ("tensor_parallel.",), lambda c: c.tensor_parallel.size > 1,
+           lambda c: {"tensor_parallel": dataclasses.asdict(TensorParallel())}, canonical="one rank"),
+    # Active whenever tp > 1, on or off: either way it picks the code path (sequence-sharded norms and reduce-scatters,
+    # or replicated activations and all-reduces). Its "reset" is the other path, the rest of the TP layout kept.
+    Family("tensor_parallel.sequence_parallel", ("tensor_parallel.sequence_parallel", "tensor_parallel.comm_overlap"),
+           lambda c: c.tensor_parallel.size > 1,
+           lambda c: {"tensor_parallel.sequence_parallel": not c.tensor_parallel.sequence_parallel,
+                      "tensor_parallel.comm_overlap": False},
+           canonical="no tensor parallelism", within="tensor_parallel.size"),
 )
 """The layout families of the trainer's knobs, in the order a stop message lists them. A knob section that
 none of them holds (``generic_families``) is a family of its own, set back to its canonical section."""
@@ -217,23 +227,29 @@ def suspects(baseline: TrainConfig) -> list[tuple[str, TrainConfig | str]]:
     return out
 
 
-def blame(tried: Sequence[tuple[str, bool | None, str]]) -> str:
-    """One sentence from the suspects' runs: (family, agreed with the canonical run or None if it did not run,
-    what happened). Of two agreeing families, one within the other, the narrower is named."""
-    if not tried:
-        return ""
+def pairs(baseline: TrainConfig) -> list[tuple[str, TrainConfig | str]]:
+    """(pair, the baseline with both families set back) for every two active families, neither within the other
+    (that pair is the wider family alone): run when no family alone makes the baseline agree (two bugs, or two
+    knobs that interact)."""
     within = {f.name: f.within for f in FAMILIES}
-    agreed = [name for name, ok, _ in tried if ok]
-    named = [n for n in agreed if not any(within.get(m) == n for m in agreed)]
-    if len(named) == 1:
-        return (f"Set back to canonical alone, {named[0]} makes it agree with the canonical run: that knob computes "
-                f"something else.")
-    if named:
-        return (f"Set back to canonical alone, each of {', '.join(named)} makes it agree with the canonical run: "
-                f"one of them computes something else.")
-    how = "; ".join(f"{name}: {what}" for name, _, what in tried)
-    return (f"No one family set back to canonical makes it agree ({how}): more than one computes something else, "
-            f"or the maths differ.")
+    active = active_families(baseline)
+    out: list[tuple[str, TrainConfig | str]] = []
+    for i, a in enumerate(active):
+        for b in active[i + 1:]:
+            if within.get(a.name) == b.name or within.get(b.name) == a.name:
+                continue
+            name = blame_sentence.pair_name(a.name, b.name)
+            try:
+                first = _with(baseline, a.reset(baseline))
+                out.append((name, _with(first, b.reset(first))))
+            except ValueError as e:
+                out.append((name, f"cannot be set back together: {e}"))
+    return out
+
+
+def blame(tried: Sequence[tuple[str, bool | None, str]]) -> str:
+    """One sentence from the suspects' runs (orchestrator.parity.blame.sentence over FAMILIES)."""
+    return blame_sentence.sentence(tried, {f.name: f.within for f in FAMILIES})
 
 
 class ParityGate:
@@ -322,6 +338,13 @@ class ParityGate:
         if parity.compare(anchor, result, tolerance=tolerance)["passed"]:
             return []
         return suspects(baseline)
+
+    def pairs(self, baseline: TrainConfig) -> list[tuple[str, TrainConfig | str]]:
+        """After the suspects ran: when none of them alone agreed, every two active families set back together
+        (``pairs``), for the sweep to run before it stops; else nothing."""
+        if not self.tried or any(ok for _, ok, _ in self.tried):
+            return []
+        return pairs(baseline)
 
     def try_suspect(self, family: str, result: Any | None, what: str) -> bool | None:
         """Record one suspect's run: does the baseline with ``family`` set back agree with the canonical run?

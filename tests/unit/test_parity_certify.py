@@ -133,3 +133,61 @@ def test_the_sweep_stops_at_the_canonical_self_check_before_the_baseline_runs(co
     assert lines[0]["parity"]["self_check"]["values"] == [8, 1]
     store = cfg.results_dir.parent / "parity_refs"
     assert not store.exists() or not list(store.glob("*.json"))
+
+
+# ---- blame names the trigger (issue 27 item 2) -------------------------------------------------------------------
+
+@pytest.mark.parametrize("sp,listed", [(True, "tensor_parallel.sequence_parallel=True (canonical: no tensor "
+                                              "parallelism)"),
+                                       (False, "tensor_parallel.sequence_parallel=False (canonical: no tensor "
+                                               "parallelism)")])
+def test_sequence_parallelism_is_listed_whenever_tp_is_above_one(sp, listed):
+    from orchestrator.parity.trust import settings_that_differ, suspects
+
+    base = TrainConfig.from_dict(apply_overrides(TrainConfig().to_dict(), {
+        "tensor_parallel.size": 2, "tensor_parallel.sequence_parallel": sp}))
+    differ = settings_that_differ(base)
+    assert "tensor_parallel.size=2 (canonical: one rank)" in differ and listed in differ, differ
+    flipped = dict(suspects(base))["tensor_parallel.sequence_parallel"]
+    assert flipped.tensor_parallel.size == 2 and flipped.tensor_parallel.sequence_parallel is (not sp)
+    assert dict(suspects(base))["tensor_parallel.size"].world_size == 1
+    one = TrainConfig.from_dict(apply_overrides(TrainConfig().to_dict(), {"tensor_parallel.sequence_parallel": sp}))
+    assert not any("tensor_parallel" in s for s in settings_that_differ(one))  # inert at tp 1
+
+
+def test_the_pairs_a_layout_activates_leave_out_a_family_within_the_other():
+    from orchestrator.parity.trust import pairs
+
+    base = baseline(**{"data_parallel.overlap_grad_reduce": True, "data_parallel.bucket_mb": 0.02,
+                       "recompute.kind": "full"})
+    names = [name for name, _ in pairs(base)]
+    assert "data_parallel.overlap_grad_reduce + recompute" in names and "parallel.dp + recompute" in names
+    assert not any(n.startswith("parallel.dp + data_parallel.") for n in names), names
+    both = dict(pairs(base))["data_parallel.overlap_grad_reduce + recompute"]
+    assert (both.data_parallel.overlap_grad_reduce, both.recompute.kind, both.parallel.dp) == (False, "none", 2)
+
+
+@pytest.mark.parametrize("tried,named", [
+    ([("parallel.dp", False, "x"), ("data_parallel.overlap_grad_reduce", False, "x"), ("recompute", False, "x"),
+      ("parallel.dp + recompute", True, ""), ("data_parallel.overlap_grad_reduce + recompute", True, ""),
+      ("data_parallel.bucket_mb + recompute", False, "")],
+     "set back together, data_parallel.overlap_grad_reduce and recompute make it agree"),
+    ([("parallel.pp", False, "x"), ("recompute", False, "x"), ("parallel.pp + recompute", False, "y")],
+     "nor do any two of them set back together (1 pairs)"),
+    ([("tensor_parallel.size", True, ""), ("tensor_parallel.sequence_parallel", True, "")],
+     "Set back to canonical alone, tensor_parallel.sequence_parallel makes it agree"),
+])
+def test_blame_names_the_pair_when_no_family_alone_agrees(tried, named):
+    from orchestrator.parity.trust import blame
+
+    assert named in blame(tried), blame(tried)
+
+
+def test_pairs_run_only_when_no_family_alone_agreed(tmp_path):
+    gate = ParityGate(tmp_path / "refs")
+    base = baseline(**{"recompute.kind": "full"})
+    assert gate.pairs(base) == []  # nothing tried yet
+    gate.tried = [("parallel.dp", False, ""), ("recompute", True, "")]
+    assert gate.pairs(base) == []
+    gate.tried = [("parallel.dp", False, ""), ("recompute", False, "")]
+    assert "parallel.dp + recompute" in [n for n, _ in gate.pairs(base)]
