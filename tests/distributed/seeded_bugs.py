@@ -308,6 +308,13 @@ def bug_sp_norm_grads_averaged_under_dp():
     run.finish_grads = finish
 
 
+
+def bug_overlap_and_recompute():
+    """Two bugs in one baseline: the last bucket summed under overlap, and full recompute replaying perturbed inputs.
+    No one family set back makes such a baseline agree; the two set back together do."""
+    bug_last_bucket_not_averaged_under_overlap()
+    bug_recompute_replays_perturbed_input()
+
 # (bug, layout overrides, first failing step it must be caught at, metric that catches it)
 BUGS = [
     (bug_loss_not_divided_by_microbatches, {"parallel.pp": 2}, 0, "loss"),
