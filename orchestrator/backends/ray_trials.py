@@ -74,8 +74,9 @@ class TrainerConfigs(SpaceConfigs):
         return TrainConfig.from_dict(d)
 
     def probe(self, cfg: TrainConfig, measured_steps: int) -> TrainConfig | None:
-        """The same config cut to warm-up + ``measured_steps`` updates, or None when that saves nothing."""
-        steps = cfg.run.warmup_steps + measured_steps
+        """The same config cut to warm-up + ``measured_steps`` updates (at least trust.PROBE_MIN_UPDATES, so parity
+        judges two), or None when that saves nothing."""
+        steps = max(cfg.run.warmup_steps + measured_steps, trust.PROBE_MIN_UPDATES)
         if steps >= cfg.run.steps:
             return None
         return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, steps=steps))

@@ -36,6 +36,9 @@ CANONICAL = {"parallel.pp": 1, "parallel.dp": 1, "tensor_parallel.size": 1, "pip
 """Settings of the canonical layout where a knob section's default is not already the plainest (a section
 absent from this trainer is left out). Every other knob takes its section's default (trainer.knobs), so a new
 knob joins the canonical layout without a line here; the microbatch size is the whole batch (canonical_config)."""
+PROBE_MIN_UPDATES = 2
+"""A pruned trial's probe makes at least this many updates, so its parity verdict covers step 1: a bug that leaves
+the first loss alone (a wrong gradient shows in the loss only after the first update) is still judged."""
 ONE_BUCKET_MB = 1e6
 """A bucket no model here fills: every gradient in one all-reduce, the nearest a reducer comes to one rank."""
 

@@ -191,3 +191,13 @@ def test_pairs_run_only_when_no_family_alone_agreed(tmp_path):
     assert gate.pairs(base) == []
     gate.tried = [("parallel.dp", False, ""), ("recompute", False, "")]
     assert "parallel.dp + recompute" in [n for n, _ in gate.pairs(base)]
+
+
+@pytest.mark.parametrize("warmup,after,steps", [(0, 1, 2), (1, 1, 2), (0, 3, 3), (2, 3, 5)])
+def test_a_probe_makes_at_least_two_updates_so_parity_judges_step_1(warmup, after, steps):
+    """Issue 27 item 3: a pruned trial's probe is judged on its own updates; with one update a bug that shows from
+    step 1 (a wrong gradient) would pass."""
+    from orchestrator.backends.ray_trials import TrainerConfigs
+
+    configs = TrainerConfigs({"run": {"steps": 8, "warmup_steps": warmup}}, {}, world_size=2, gpus_per_rank=0)
+    assert configs.probe(configs.baseline, after).run.steps == steps
