@@ -65,6 +65,10 @@ CALIBRATION = {
 }
 """Legitimate layouts of the tiny model: every family, tp 1 and 2, pp 1 and 2, FSDP2, every recompute kind."""
 
+BEFORE = {"fp32": Tolerance(loss_rel=1e-5, grad_norm_rel=1e-4, param_rel=1e-4, replica_abs=1e-6),
+          "bf16": Tolerance(loss_rel=1e-4, grad_norm_rel=1e-3, param_rel=5e-2, replica_abs=1e-6)}
+"""The hand-set tolerances before issue 27, for the margins' "before" column."""
+
 METRICS = (("loss", "max_loss_rel_diff", "loss_rel"), ("grad norm", "max_grad_norm_rel_diff", "grad_norm_rel"),
            ("parameters", "max_fingerprint_rel_diff", "param_rel"))
 
@@ -73,16 +77,20 @@ def cfg(over: dict, precision: str, steps: int = STEPS) -> TrainConfig:
     return TrainConfig.from_dict(apply_overrides(TINY, {**over, "run.precision": precision, "run.steps": steps}))
 
 
-def run_grouped(configs: list[TrainConfig], setup=None) -> list[Any]:
-    """Each config's Result (or RankFailed), one local world per world size."""
+def run_grouped(configs: list[TrainConfig], setup=None, chunk: int = 16) -> list[Any]:
+    """Each config's Result (or RankFailed), one local world per world size and ``chunk`` configs."""
     out: dict[int, Any] = {}
     for world in sorted({c.world_size for c in configs}):
         group = [i for i, c in enumerate(configs) if c.world_size == world]
-        try:
-            results = spawn_many([configs[i] for i in group], setup=setup)
-        except RankFailed as e:
-            results = [e] * len(group)
-        out.update(zip(group, results))
+        for start in range(0, len(group), chunk):
+            part = group[start:start + chunk]
+            try:
+                results = spawn_many([configs[i] for i in part], setup=setup)
+            except RankFailed as e:
+                results = [e] * len(part)
+            out.update(zip(part, results))
+            if len(configs) > chunk:
+                print(f"  {len(out)}/{len(configs)} runs", flush=True)
     return [out[i] for i in range(len(configs))]
 
 
@@ -127,15 +135,19 @@ def seeded(ref_by_precision: dict, precision: str, tol: Tolerance) -> list[dict]
             continue
         d = diffs(ref, r, tol)
         m, metric = margin(d, tol)
+        before = diffs(ref, r, BEFORE[precision])
         rows.append({"bug": bug.__name__, "thin": (bug, layout) in bugs.THIN_BUGS, **d, "margin": m,
-                     "margin_metric": metric})
+                     "margin_metric": metric, "before": margin(before, BEFORE[precision])[0],
+                     "before_step": before["step"]})
     # The bug in the canonical run itself: only the self-check sees it (the canonical vs several microbatches).
     canon = canonical_config(cfg({}, precision))
     c, s = run_grouped([canon, self_check_config(canon)], setup=bugs.bug_loss_scaled_for_large_microbatch)
     d = diffs(reference_from_result(c, role="canonical"), s, tol)
     m, metric = margin(d, tol)
+    before = diffs(reference_from_result(c, role="canonical"), s, BEFORE[precision])
     rows.append({"bug": "bug_loss_scaled_for_large_microbatch (canonical vs its self-check)", "thin": False, **d,
-                 "margin": m, "margin_metric": metric})
+                 "margin": m, "margin_metric": metric, "before": margin(before, BEFORE[precision])[0],
+                 "before_step": before["step"]})
     return rows
 
 
@@ -161,8 +173,10 @@ def space_layouts(path: Path) -> list[tuple[str, TrainConfig]]:
 
 def false_alarms(path: Path, tol: Tolerance, limit: int | None) -> dict:
     layouts = space_layouts(path)
-    if limit:
-        layouts = layouts[:: max(1, len(layouts) // limit)][:limit]
+    total = len(layouts)
+    if limit and total > limit:
+        layouts = layouts[:: max(1, total // limit)][:limit]
+    print(f"{path.name}: {len(layouts)} of {total} layouts", flush=True)
     canon = canonical_config(layouts[0][1])
     results = run_grouped([canon] + [c for _, c in layouts])
     ref = reference_from_result(results[0], role="canonical")
@@ -175,7 +189,7 @@ def false_alarms(path: Path, tol: Tolerance, limit: int | None) -> dict:
         rows.append({"layout": name, **d, "ratio": margin(d, tol)})
     alarms = [r for r in rows if not r["passed"]]
     worst = {name: max((row[key] or 0.0) for row in rows) for name, key, _ in METRICS}
-    return {"space": path.name, "layouts": len(layouts), "ran": len(rows), "failed_to_run": failed_to_run,
+    return {"space": path.name, "layouts": len(layouts), "of": total, "ran": len(rows), "failed_to_run": failed_to_run,
             "false_alarms": [(r["layout"], r["metric"], r["step"]) for r in alarms], "worst": worst,
             "worst_ratio": max(rows, key=lambda r: r["ratio"][0])["ratio"] if rows else None}
 
@@ -191,7 +205,12 @@ def main() -> None:
                                                                    " (fp32); empty: none")
     parser.add_argument("--limit", type=int, help="at most this many layouts per space (evenly spread)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/parity_margins.md")
+    parser.add_argument("--render-only", action="store_true", help="write the .md from the .json of the last run")
     args = parser.parse_args()
+    if args.render_only:
+        doc = json.loads(args.out.with_suffix(".json").read_text())
+        args.out.write_text(render(doc, doc.get("argv", "")))
+        return
     t0 = time.time()
     doc: dict[str, Any] = {"headroom": HEADROOM, "steps": STEPS, "precisions": {}}
     refs = {}
@@ -204,9 +223,10 @@ def main() -> None:
     doc["spaces"] = [false_alarms(ROOT / "search_spaces" / f"{s}.yaml", Tolerance(**doc["precisions"]["fp32"][
         "tolerance"]), args.limit) for s in args.spaces.split(",") if s]
     doc["wall_s"] = time.time() - t0
+    doc["argv"] = " ".join(sys.argv[1:])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str))
-    args.out.write_text(render(doc, " ".join(sys.argv[1:])))
+    args.out.write_text(render(doc, doc["argv"]))
     print(args.out.read_text())
 
 
@@ -222,24 +242,28 @@ def render(doc: dict, argv: str) -> str:
                 "| run | max loss rel | max grad-norm rel | max param rel | replicas abs |", "|---|---|---|---|---|"]
         out += [f"| {r['run']} | {e(r['max_loss_rel_diff'])} | {e(r['max_grad_norm_rel_diff'])} | "
                 f"{e(r['max_fingerprint_rel_diff'])} | {e(r['replicas'])} |" for r in p["calibration"]]
-        out += ["", "| metric | largest legitimate | tolerance |", "|---|---|---|"]
-        out += [f"| {name} | {e(p['largest'][field])} | {e(tol[field])} |" for name, _, field in METRICS]
+        out += ["", "| metric | largest legitimate | tolerance | before |", "|---|---|---|---|"]
+        out += [f"| {name} | {e(p['largest'][field])} | {e(tol[field])} | "
+                f"{e(getattr(BEFORE[precision], field))} |" for name, _, field in METRICS]
         out += ["", "Seeded bugs against that tolerance (margin: the largest difference over its tolerance):", "",
-                "| bug | caught | first step | metric | max loss rel | max grad-norm rel | max param rel | margin |",
-                "|---|---|---|---|---|---|---|---|"]
+                "| bug | caught | first step | metric | max loss rel | max grad-norm rel | max param rel | margin | "
+                "before: margin (first step) |",
+                "|---|---|---|---|---|---|---|---|---|"]
         for b in p["bugs"]:
             if "error" in b:
-                out.append(f"| {b['bug']} | did not run: {b['error']} | | | | | | |")
+                out.append(f"| {b['bug']} | did not run: {b['error']} | | | | | | | |")
                 continue
             out.append(f"| {b['bug']}{' (thin)' if b['thin'] else ''} | {'no' if b['passed'] else 'yes'} | {b['step']} "
                        f"| {b['metric']} | {e(b['max_loss_rel_diff'])} | {e(b['max_grad_norm_rel_diff'])} | "
-                       f"{e(b['max_fingerprint_rel_diff'])} | {b['margin']:.1f}x ({b['margin_metric']}) |")
+                       f"{e(b['max_fingerprint_rel_diff'])} | {b['margin']:.1f}x ({b['margin_metric']}) | "
+                       f"{b['before']:.1f}x ({b['before_step']}) |")
         thin = [b for b in p["bugs"] if "margin" in b]
         low = min(thin, key=lambda b: b["margin"])
         out += ["", f"Thinnest margin: {low['margin']:.1f}x ({low['bug']}).", ""]
     for s in doc.get("spaces", []):
         out += [f"## False alarms: search_spaces/{s['space']} (fp32, its own model and steps)", "",
-                f"{s['ran']} of {s['layouts']} layouts ran ({len(s['failed_to_run'])} did not: "
+                f"{s['ran']} of {s['layouts']} layouts ran (the space has {s['of']}; "
+                f"{'all' if s['layouts'] == s['of'] else 'evenly spread'}) ({len(s['failed_to_run'])} did not: "
                 f"{', '.join(s['failed_to_run']) or 'none'}); false alarms: {len(s['false_alarms'])} "
                 f"{s['false_alarms'] or ''}. Largest differences: loss {e(s['worst']['loss'])}, grad norm "
                 f"{e(s['worst']['grad norm'])}, parameters {e(s['worst']['parameters'])}; the closest layout came to "

@@ -54,18 +54,6 @@ class Tolerance:
     """Largest element difference between data-parallel replicas of the trial itself."""
 
 
-# Measured by bench/parity_margins.py (tiny GPT, 6 steps; bench/results/parity_margins.md):
-# fp32: legit layouts differ <= 2e-7 in loss; the smallest seeded bug (lr + 1%) moves the loss 2.9e-4 at
-# step 1. Final parameters of legit layouts differ up to 2e-5 (sum term) after the demo sweep's 20 steps
-# with another micro_batch_size (Adam turns rounding noise in tiny gradients into full-size steps); the
-# smallest bug moves them 1.5e-2, so 1e-4 keeps a margin on both sides. bf16: legit layouts differ <= 3e-5 in loss and <= 3e-4 in grad norm (autocast rounding depends on
-# microbatch shapes), the lr bug 3.2e-4 in loss; final-parameter fingerprints of legit bf16 layouts differ
-# by up to 2.4e-2, as much as the lr bug's, so in bf16 the fingerprint only catches gross errors and the
-# per-step loss carries the gate. A measured run-to-run spread of the baseline widens these floors.
-DEFAULT_TOLERANCE = {
-    "fp32": Tolerance(loss_rel=1e-5, grad_norm_rel=1e-4, param_rel=1e-4, replica_abs=1e-6),
-    "bf16": Tolerance(loss_rel=1e-4, grad_norm_rel=1e-3, param_rel=5e-2, replica_abs=1e-6),
-}
 HEADROOM = 5.0
 """A tolerance is HEADROOM x the largest difference measured between legitimate layouts of the same maths
 (bench/parity_margins.py's calibration set), rounded up to one significant digit (derive_tolerance)."""
@@ -85,6 +73,23 @@ def derive_tolerance(largest: dict[str, float], replica_abs: float) -> Tolerance
                      param_rel=up(largest["param_rel"]), replica_abs=replica_abs)
 
 
+LEGIT_LARGEST = {
+    "fp32": {"loss_rel": 2.2e-7, "grad_norm_rel": 4.4e-7, "param_rel": 8.7e-6},
+    "bf16": {"loss_rel": 1.9e-4, "grad_norm_rel": 3.1e-3, "param_rel": 3.5e-2},
+}
+"""The largest difference between a legitimate layout and the canonical run, per metric and precision, measured
+by bench/parity_margins.py over its calibration set (every layout family; tp 1 and 2, pp 1 and 2, FSDP2, every
+recompute kind; the canonical run's own self-check decomposition), tiny GPT, 20 updates; rounded up to two
+significant digits (bench/results/parity_margins.md, tests/unit/test_parity_certify.py keeps them in step).
+In bf16 autocast rounding depends on the layout's shapes, and after 20 updates the final-parameter fingerprints of
+legitimate layouts differ by a few percent: there the per-step loss carries the gate and the fingerprint only
+catches gross errors (a missing or duplicated layer)."""
+REPLICA_ABS = 1e-6
+"""Replicas of one legitimate run are bit-identical (measured 0 over the calibration set): any difference beyond a
+rounding is a bug."""
+DEFAULT_TOLERANCE = {precision: derive_tolerance(largest, REPLICA_ABS) for precision, largest in LEGIT_LARGEST.items()}
+"""Per precision: HEADROOM x LEGIT_LARGEST. fp32 on CPU is exact run to run and never widens; bf16/GPU may widen by
+a measured run-to-run spread (REPEAT_FACTOR, capped at MAX_WIDENING)."""
 REPEAT_FACTOR = 10.0
 """bf16/GPU only: a tolerance may widen to REPEAT_FACTOR x the run-to-run spread of repeats of one layout."""
 MAX_WIDENING = 5.0

@@ -328,7 +328,7 @@ BUGS = [
     (bug_recompute_replays_perturbed_input, {"parallel.pp": 2, "recompute.kind": "full"}, 0, "grad_norm"),
     (bug_tp_row_parallel_output_not_reduced, {"tensor_parallel.size": 2, "tensor_parallel.sequence_parallel": False},
      0, "loss"),
-    (bug_sp_norm_grads_not_reduced, {"tensor_parallel.size": 2}, 2, "loss"),  # Adam turns the skew into steps
+    (bug_sp_norm_grads_not_reduced, {"tensor_parallel.size": 2}, 0, "grad_norm"),  # 2, loss under issue 21's 1e-4
     (bug_vocab_parallel_loss_local_softmax_normaliser, {"tensor_parallel.size": 2}, 0, "loss"),
     (bug_vocab_parallel_loss_divided_by_tp, {"tensor_parallel.size": 2, "parallel.pp": 2}, 0, "loss"),
 ]

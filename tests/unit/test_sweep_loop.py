@@ -172,7 +172,10 @@ def test_a_pruned_trial_is_judged_on_its_probe_and_a_layout_bug_there_is_parity_
     slow = by_trial(sweep)[1]
     probe_steps = cfg.built.configs.baseline.run.warmup_steps + 2
     assert slow.status == "infeasible" and slow.parity.steps == probe_steps and not slow.parity.passed
-    assert slow.reason.startswith(f"parity: loss differs at step 1: relative difference 1.00e-03 > tolerance 1.0e-05 "
+    from orchestrator.parity.verdict import DEFAULT_TOLERANCE
+
+    assert slow.reason.startswith(f"parity: loss differs at step 1: relative difference 1.00e-03 > tolerance "
+                                  f"{DEFAULT_TOLERANCE['fp32'].loss_rel:.1e} "
                                   f"(vs the reference, on the probe's {probe_steps} updates); also probe: fastest")
     assert slow.probe.skipped_steps == cfg.built.configs.baseline.run.steps - probe_steps
     assert trials_of(cfg)[1].user_attrs["constraints"]["parity"] == 1.0
