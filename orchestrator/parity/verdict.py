@@ -4,9 +4,9 @@ Pure functions. The reference is a run of the same maths (same seed, data, globa
 canonical layout's run when there is one (orchestrator.parity.trust): per-step losses, per-step global gradient
 norms and a layout-independent fingerprint of the final parameters (per-tensor L2 norm and sum under the
 single-process model's names). A run is compared step by step; the first failing step and metric are
-reported with their difference and tolerance. Tolerances are per precision; the fp32 defaults sit between
-the largest difference a legitimate layout change makes and the smallest a seeded bug makes, both measured
-(bench/parity_margins.py, docs/parity.md). Only bf16/GPU tolerances widen, by repeats, and never beyond
+reported with their difference and tolerance. Tolerances are per metric and precision: HEADROOM x the largest
+difference a legitimate layout makes, measured over a calibration set of layouts (LEGIT_LARGEST,
+bench/parity_margins.py, docs/parity.md). Only bf16/GPU tolerances widen, by repeats, and never beyond
 MAX_WIDENING x the floor.
 """
 

@@ -201,3 +201,23 @@ def test_a_probe_makes_at_least_two_updates_so_parity_judges_step_1(warmup, afte
 
     configs = TrainerConfigs({"run": {"steps": 8, "warmup_steps": warmup}}, {}, world_size=2, gpus_per_rank=0)
     assert configs.probe(configs.baseline, after).run.steps == steps
+
+
+# ---- tolerances from measured margins (issue 27 item 3) ----------------------------------------------------------
+
+def test_the_tolerances_are_the_committed_calibration_times_the_headroom():
+    """DEFAULT_TOLERANCE is derived, not set by hand: LEGIT_LARGEST is bench/parity_margins.py's committed
+    measurement (rounded up to two digits) and each tolerance is HEADROOM x it, rounded up to one digit."""
+    from pathlib import Path
+
+    from orchestrator.parity.verdict import DEFAULT_TOLERANCE, HEADROOM, LEGIT_LARGEST, Tolerance
+
+    doc = json.loads((Path(__file__).resolve().parents[2] / "bench/results/parity_margins.json").read_text())
+    assert doc["headroom"] == HEADROOM and set(doc["precisions"]) == set(LEGIT_LARGEST)
+    for precision, measured in doc["precisions"].items():
+        for field, value in measured["largest"].items():
+            assert value <= LEGIT_LARGEST[precision][field] <= value * 1.1, (precision, field)
+        assert DEFAULT_TOLERANCE[precision] == Tolerance(**measured["tolerance"])
+        for field in ("loss_rel", "grad_norm_rel", "param_rel"):
+            tol = getattr(DEFAULT_TOLERANCE[precision], field)
+            assert HEADROOM * LEGIT_LARGEST[precision][field] <= tol <= 2 * HEADROOM * LEGIT_LARGEST[precision][field]
