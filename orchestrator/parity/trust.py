@@ -7,10 +7,12 @@ A trial is judged against a reference, and the reference is only as good as the 
    stage, tensor parallelism 1 where it exists, no recompute, and the whole per-step batch as one
    microbatch (or the largest microbatch that fits the device; then the settings it shares with the
    baseline are named). It shares no layout knob with any multi-rank trial, has the same maths key as the
-   baseline by construction, and anchors the store; a stored one is not run again.
+   baseline by construction, and anchors the store once it has certified itself (orchestrator.parity.certify:
+   the same maths as microbatches of one sequence must agree); a stored certified one is not run again.
 2. **Baseline.** Compared with the anchor before anything is judged against it. If it does not match, its
    active layout families are set back to canonical one at a time (``FAMILIES``, ``suspects``) and the
-   family whose reset makes it agree is named (``blame``); the sweep then stops. A reference taken from a
+   family whose reset makes it agree is named (``blame``), or, when none alone does, the pair of families set
+   back together that does (``pairs``); the sweep then stops. A reference taken from a
    buggy baseline would pass the same bug in every trial and fail every correct one.
 3. **Trials.** Compared with the anchor under the same tolerance; a pruned trial on its probe's steps.
 
