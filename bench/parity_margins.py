@@ -8,9 +8,10 @@ Every row is a real run on local gloo ranks (trainer.launch.spawn_many) against 
 
 1. Calibration set: legitimate layouts of the tiny test model covering every family (data parallelism replicate
    with and without overlap, FSDP2, torch DDP; pp 2 with each schedule and an uneven split; tp 2 with and without
-   sequence parallelism; every recompute kind; the canonical run's own self-check decomposition). Per metric and
-   precision the tolerance is HEADROOM x the largest difference measured there, rounded up to one significant
-   digit (orchestrator.parity.verdict.derive_tolerance).
+   sequence parallelism; every recompute kind; the canonical run's own self-check decomposition), and three
+   layouts of each search space's own model (SPACE_CALIBRATION). Per metric and precision the tolerance is
+   HEADROOM x the largest difference measured there, rounded up to one significant digit
+   (orchestrator.parity.verdict.derive_tolerance).
 2. Seeded bugs (tests/distributed/seeded_bugs.py): each bug's margin is its largest difference over the
    tolerance, per metric, the best metric named; the first step the gate fails it at.
 3. False alarms: every layout of the default and TP search spaces (their own model and steps; bucket sizes at
@@ -69,6 +70,18 @@ BEFORE = {"fp32": Tolerance(loss_rel=1e-5, grad_norm_rel=1e-4, param_rel=1e-4, r
           "bf16": Tolerance(loss_rel=1e-4, grad_norm_rel=1e-3, param_rel=5e-2, replica_abs=1e-6)}
 """The hand-set tolerances before issue 27, for the margins' "before" column."""
 
+SPACE_CALIBRATION = {
+    "default": [{}, {"parallel.pp": 1, "batch.micro_batch_size": 8, "data_parallel.overlap_grad_reduce": True,
+                     "data_parallel.bucket_mb": 0.05, "recompute.kind": "none"},
+                {"pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 2, "recompute.kind": "selective"}],
+    "tp-cpu": [{}, {"tensor_parallel.size": 2, "recompute.kind": "none"},
+               {"tensor_parallel.size": 2, "tensor_parallel.sequence_parallel": False, "batch.micro_batch_size": 4,
+                "recompute.kind": "selective"}],
+}
+"""Three layouts of each search space's own model and run length (its baseline first, as overrides of it): the
+differences a legitimate layout makes grow with the model and the number of updates, so the calibration covers
+the models the gate judges, not only the tiny one. They are also among the layouts the false-alarm sweep runs."""
+
 METRICS = (("loss", "max_loss_rel_diff", "loss_rel"), ("grad norm", "max_grad_norm_rel_diff", "grad_norm_rel"),
            ("parameters", "max_fingerprint_rel_diff", "param_rel"))
 
@@ -119,6 +132,17 @@ def calibrate(precision: str) -> tuple[dict, list[dict], Tolerance, dict]:
         if isinstance(r, RankFailed):
             raise SystemExit(f"calibration layout {name} failed to run: {r}")
         rows.append({"run": name, **diffs(ref, r, loose)})
+    for space, overrides in SPACE_CALIBRATION.items():
+        configs = space_configs(ROOT / "search_spaces" / f"{space}.yaml")
+        runs = [TrainConfig.from_dict(apply_overrides(configs.build(o).to_dict(), {
+            "run.precision": precision, "run.timeline_steps": 0})) for o in overrides]
+        results = run_grouped([canonical_config(runs[0]), *runs])
+        ref_s = reference_from_result(results[0], role="canonical")
+        for o, r in zip(overrides, results[1:]):
+            if isinstance(r, RankFailed):
+                raise SystemExit(f"calibration layout {space} {o} failed to run: {r}")
+            rows.append({"run": f"{space}: {'baseline' if not o else 'baseline + ' + json.dumps(o)}",
+                         **diffs(ref_s, r, loose)})
     largest = {field: max(row[key] or 0.0 for row in rows) for _, key, field in METRICS}
     tol = derive_tolerance(largest, DEFAULT_TOLERANCE[precision].replica_abs)
     return ref, rows, tol, largest
@@ -151,14 +175,20 @@ def seeded(ref_by_precision: dict, precision: str, tol: Tolerance) -> list[dict]
     return rows
 
 
+def space_configs(path: Path) -> Any:
+    """The sweep file's TrainerConfigs (the ray backend's: baseline + overrides, dp derived)."""
+    from orchestrator import backends
+    from orchestrator.sweep.config import load_sweep
+
+    return backends.build(load_sweep(str(path), [], check=False)).configs
+
+
 def space_layouts(path: Path) -> list[tuple[str, TrainConfig]]:
     from bench.landscape import landscape_configs
     from orchestrator.sweep.config import load_sweep
 
     sweep = load_sweep(str(path), [], check=False)
-    from orchestrator import backends
-
-    configs = backends.build(sweep).configs
+    configs = space_configs(path)
     space = sweep.space
     buckets = [p for p in space.params if p.name == "data_parallel.bucket_mb"]
     ends = [buckets[0].low, buckets[0].high] if buckets else [0.05]

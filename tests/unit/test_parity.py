@@ -78,7 +78,7 @@ def test_bf16_tolerance_widens_with_run_to_run_spread_up_to_the_cap():
     a = reference_from_result(make_result([5.0, 4.0]))
     b = reference_from_result(make_result([5.0, 4.0 * (1 + spread)]))
     tol = tolerance_from_repeats(a, b, "bf16")
-    assert tol.loss_rel == pytest.approx(10 * spread, rel=1e-3)  # REPEAT_FACTOR x the spread, above the floor
+    assert tol.loss_rel == pytest.approx(10 * spread, rel=1e-2)  # REPEAT_FACTOR x the spread, above the floor
     same = tolerance_from_repeats(a, a, "bf16")
     assert same == DEFAULT_TOLERANCE["bf16"]
     # Issue 10: a spread of 1e-2 (a maths bug in one of the runs) widened the loss tolerance to 0.1. Capped now.
