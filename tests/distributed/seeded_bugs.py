@@ -300,7 +300,8 @@ def bug_sp_norm_grads_averaged_under_dp():
 
     def finish(params):
         cfg = _SEEN.get("cfg")
-        partial = [p for p in params if isinstance(p.grad, DTensor) and any(pl.is_partial() for pl in p.grad.placements)]
+        partial = [p for p in params
+                   if isinstance(p.grad, DTensor) and any(pl.is_partial() for pl in p.grad.placements)]
         orig(params)
         if cfg is not None and cfg.parallel.dp > 1:
             for p in partial:
@@ -337,6 +338,7 @@ THIN_BUGS = [
     # (bug, layout overrides): the thinnest margins of issue 27's hand-seeded bugs, measured by bench/parity_margins.py
     (bug_interleaved_last_norm_bias_grad_zeroed, {"parallel.pp": 2, "pipeline.schedule": "interleaved_1f1b",
                                                   "pipeline.virtual_stages": 2, "batch.micro_batch_size": 1}),
-    (bug_selective_recompute_tp_replays_perturbed_attention, {"tensor_parallel.size": 2, "recompute.kind": "selective"}),
+    (bug_selective_recompute_tp_replays_perturbed_attention, {"tensor_parallel.size": 2,
+                                                              "recompute.kind": "selective"}),
     (bug_sp_norm_grads_averaged_under_dp, {"tensor_parallel.size": 2, "parallel.dp": 2}),
 ]
