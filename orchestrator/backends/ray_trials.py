@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from orchestrator.parity import verdict as parity
 from orchestrator.parity import trust
@@ -74,8 +74,9 @@ class TrainerConfigs(SpaceConfigs):
         return TrainConfig.from_dict(d)
 
     def probe(self, cfg: TrainConfig, measured_steps: int) -> TrainConfig | None:
-        """The same config cut to warm-up + ``measured_steps`` updates, or None when that saves nothing."""
-        steps = cfg.run.warmup_steps + measured_steps
+        """The same config cut to warm-up + ``measured_steps`` updates (at least trust.PROBE_MIN_UPDATES, so parity
+        judges two), or None when that saves nothing."""
+        steps = max(cfg.run.warmup_steps + measured_steps, trust.PROBE_MIN_UPDATES)
         if steps >= cfg.run.steps:
             return None
         return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, steps=steps))
@@ -121,11 +122,13 @@ class RayTrials:
         return gate.canonical_to_run(baseline, lambda cfg: not prefilter.verdict(cfg).skip)
 
     def suspect_runs(self, gate: trust.ParityGate, baseline: TrainConfig,
-                     outcome: RunOutcome) -> list[tuple[str, TrainConfig | str]]:
-        """A baseline that disagrees with the canonical run: its active families, each set back alone."""
+                     outcome: RunOutcome) -> Iterator[tuple[str, TrainConfig | str]]:
+        """A baseline that disagrees with the canonical run: its active families, each set back alone; then, when
+        none of them agreed once run (the sweep records each before asking for the next), every two together."""
         if outcome.status != "ok" or outcome.result is None:
-            return []
-        return gate.suspects(baseline, outcome.result)
+            return
+        yield from gate.suspects(baseline, outcome.result)
+        yield from gate.pairs(baseline)
 
     def judge(self, kind: str, outcome: RunOutcome, gate: trust.ParityGate,
               runs: Sequence[RunOutcome]) -> Judgement:
@@ -135,7 +138,13 @@ class RayTrials:
         if status in ("ok", "pruned") and outcome.result is not None:
             try:
                 if kind == "canonical":
-                    verdict = gate.judge_canonical(outcome.result)
+                    # runs[1:]: its self-check decompositions (ParityGate.self_checks), all needed to certify it
+                    unrun = next((r for r in runs[1:] if r.status != "ok" or r.result is None), None)
+                    if unrun is not None:
+                        return Judgement("failed" if unrun.status == "ok" else unrun.status,
+                                         f"its self-check run (one rank, microbatches of one sequence) did not run: "
+                                         f"{unrun.status}: {unrun.reason}", None)
+                    verdict = gate.judge_canonical(outcome.result, [r.result for r in runs[1:]])
                 elif kind == "baseline":
                     repeats = [r.result for r in runs[1:] if r.status == "ok" and r.result is not None]
                     verdict = gate.judge_baseline(outcome.result, repeats)

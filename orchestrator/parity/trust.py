@@ -7,10 +7,12 @@ A trial is judged against a reference, and the reference is only as good as the 
    stage, tensor parallelism 1 where it exists, no recompute, and the whole per-step batch as one
    microbatch (or the largest microbatch that fits the device; then the settings it shares with the
    baseline are named). It shares no layout knob with any multi-rank trial, has the same maths key as the
-   baseline by construction, and anchors the store; a stored one is not run again.
+   baseline by construction, and anchors the store once it has certified itself (orchestrator.parity.certify:
+   the same maths as microbatches of one sequence must agree); a stored certified one is not run again.
 2. **Baseline.** Compared with the anchor before anything is judged against it. If it does not match, its
    active layout families are set back to canonical one at a time (``FAMILIES``, ``suspects``) and the
-   family whose reset makes it agree is named (``blame``); the sweep then stops. A reference taken from a
+   family whose reset makes it agree is named (``blame``), or, when none alone does, the pair of families set
+   back together that does (``pairs``); the sweep then stops. A reference taken from a
    buggy baseline would pass the same bug in every trial and fail every correct one.
 3. **Trials.** Compared with the anchor under the same tolerance; a pruned trial on its probe's steps.
 
@@ -25,15 +27,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from orchestrator.parity import blame as blame_sentence
+from orchestrator.parity import certify
 from orchestrator.parity import verdict as parity
 from trainer.config import ReplicateDP, TrainConfig, apply_overrides, flatten
-from trainer.knobs import KNOB_SECTIONS
+from trainer.knobs import KNOB_SECTIONS, TensorParallel
 
 CANONICAL = {"parallel.pp": 1, "parallel.dp": 1, "tensor_parallel.size": 1, "pipeline.virtual_stages": 1,
              "data_parallel.kind": "replicate", "data_parallel.overlap_grad_reduce": False, "recompute.kind": "none"}
 """Settings of the canonical layout where a knob section's default is not already the plainest (a section
 absent from this trainer is left out). Every other knob takes its section's default (trainer.knobs), so a new
 knob joins the canonical layout without a line here; the microbatch size is the whole batch (canonical_config)."""
+PROBE_MIN_UPDATES = 2
+"""A pruned trial's probe makes at least this many updates, so its parity verdict covers step 1: a bug that leaves
+the first loss alone (a wrong gradient shows in the loss only after the first update) is still judged."""
 ONE_BUCKET_MB = 1e6
 """A bucket no model here fills: every gradient in one all-reduce, the nearest a reducer comes to one rank."""
 
@@ -157,6 +164,15 @@ FAMILIES: tuple[Family, ...] = (
            lambda c: c.batch.micro_batch_size != one_microbatch_size(c),
            lambda c: {"batch.micro_batch_size": one_microbatch_size(c)}),
     Family("recompute", ("recompute.",), lambda c: c.recompute.kind != "none", lambda c: {"recompute.kind": "none"}),
+    Family("tensor_parallel.size", ("tensor_parallel.",), lambda c: c.tensor_parallel.size > 1,
+           lambda c: {"tensor_parallel": dataclasses.asdict(TensorParallel())}, canonical="one rank"),
+    # Active whenever tp > 1, on or off: either way it picks the code path (sequence-sharded norms and reduce-scatters,
+    # or replicated activations and all-reduces). Its "reset" is the other path, the rest of the TP layout kept.
+    Family("tensor_parallel.sequence_parallel", ("tensor_parallel.sequence_parallel", "tensor_parallel.comm_overlap"),
+           lambda c: c.tensor_parallel.size > 1,
+           lambda c: {"tensor_parallel.sequence_parallel": not c.tensor_parallel.sequence_parallel,
+                      "tensor_parallel.comm_overlap": False},
+           canonical="no tensor parallelism", within="tensor_parallel.size"),
 )
 """The layout families of the trainer's knobs, in the order a stop message lists them. A knob section that
 none of them holds (``generic_families``) is a family of its own, set back to its canonical section."""
@@ -216,23 +232,29 @@ def suspects(baseline: TrainConfig) -> list[tuple[str, TrainConfig | str]]:
     return out
 
 
-def blame(tried: Sequence[tuple[str, bool | None, str]]) -> str:
-    """One sentence from the suspects' runs: (family, agreed with the canonical run or None if it did not run,
-    what happened). Of two agreeing families, one within the other, the narrower is named."""
-    if not tried:
-        return ""
+def pairs(baseline: TrainConfig) -> list[tuple[str, TrainConfig | str]]:
+    """(pair, the baseline with both families set back) for every two active families, neither within the other
+    (that pair is the wider family alone): run when no family alone makes the baseline agree (two bugs, or two
+    knobs that interact)."""
     within = {f.name: f.within for f in FAMILIES}
-    agreed = [name for name, ok, _ in tried if ok]
-    named = [n for n in agreed if not any(within.get(m) == n for m in agreed)]
-    if len(named) == 1:
-        return (f"Set back to canonical alone, {named[0]} makes it agree with the canonical run: that knob computes "
-                f"something else.")
-    if named:
-        return (f"Set back to canonical alone, each of {', '.join(named)} makes it agree with the canonical run: "
-                f"one of them computes something else.")
-    how = "; ".join(f"{name}: {what}" for name, _, what in tried)
-    return (f"No one family set back to canonical makes it agree ({how}): more than one computes something else, "
-            f"or the maths differ.")
+    active = active_families(baseline)
+    out: list[tuple[str, TrainConfig | str]] = []
+    for i, a in enumerate(active):
+        for b in active[i + 1:]:
+            if within.get(a.name) == b.name or within.get(b.name) == a.name:
+                continue
+            name = blame_sentence.pair_name(a.name, b.name)
+            try:
+                first = _with(baseline, a.reset(baseline))
+                out.append((name, _with(first, b.reset(first))))
+            except ValueError as e:
+                out.append((name, f"cannot be set back together: {e}"))
+    return out
+
+
+def blame(tried: Sequence[tuple[str, bool | None, str]]) -> str:
+    """One sentence from the suspects' runs (orchestrator.parity.blame.sentence over FAMILIES)."""
+    return blame_sentence.sentence(tried, {f.name: f.within for f in FAMILIES})
 
 
 class ParityGate:
@@ -246,20 +268,28 @@ class ParityGate:
         """What the canonical run shares with the baseline (shared_settings); set by canonical_to_run."""
         self.tried: list[tuple[str, bool | None, str]] = []
         """The baseline's suspects, as run (blame's input); set by the sweep between suspects and judge_baseline."""
+        self.broken: str | None = None
+        """Why the canonical run failed its self-check: nothing is judged after that (judge_baseline refuses)."""
 
     def path(self, cfg: dict[str, Any]) -> Path:
         return self.refs.path(parity.maths_key(cfg))
 
     def canonical_to_run(self, baseline: TrainConfig,
                          fits: Callable[[TrainConfig], bool] = _fits_always) -> TrainConfig | None:
-        """The canonical config to run before the baseline; None when the store holds a run of that very layout,
-        or when the baseline is the canonical layout itself (its own run then anchors the store)."""
+        """The canonical config to run before the baseline (even when the baseline is that layout: it must certify
+        itself first); None when the store holds a certified run of that very layout (certify)."""
         canonical = canonical_config(baseline, fits)
         self.shared = shared_settings(canonical, baseline)
         layout = parity.layout_key(canonical.to_dict())
-        if any(r.get("layout_key") == layout for r in self.refs.runs(parity.maths_key(baseline.to_dict()))):
+        if any(r.get("layout_key") == layout and r.get("self_check")
+               for r in self.refs.runs(parity.maths_key(baseline.to_dict()))):
             return None
-        return None if canonical == baseline else canonical
+        return canonical
+
+    def self_checks(self, canonical: TrainConfig) -> list[TrainConfig]:
+        """What runs right after the canonical run, for judge_canonical to certify it with (certify)."""
+        second = certify.self_check_config(canonical)
+        return [] if second is None else [second]
 
     def needs_repeat(self, result: Any) -> bool:
         """bf16/GPU with no stored repeat of this layout: the baseline runs twice to measure its own spread."""
@@ -267,18 +297,34 @@ class ParityGate:
         return parity.needs_repeat(result.config) and not any(
             r.get("layout_key") == layout for r in self.refs.runs(parity.maths_key(result.config)))
 
-    def judge_canonical(self, result: Any) -> dict[str, Any]:
-        """Compare the canonical run with a store left by an older version (if any); store it if it passes."""
-        ref = parity.reference_from_result(result, role="canonical")
+    def judge_canonical(self, result: Any, checks: Sequence[Any] = ()) -> dict[str, Any]:
+        """Certify the canonical run against its second decomposition (``checks``: the results of self_checks'
+        configs), then compare it with a store left by an older version (if any); store it, or mark the stored run
+        of its layout certified, only if both pass. A failed certification stops every later judgement."""
+        canonical = TrainConfig.from_dict(result.config)
+        if certify.self_check_config(canonical) is not None and not checks:
+            raise TrustError("the canonical run was not certified: its self-check run (the batch as microbatches of "
+                             "one sequence) is missing", {"passed": False})
+        record = certify.uncheckable(canonical)
+        for second in checks:
+            record, verdict = certify.self_check(result, second)
+            if not record["passed"]:
+                self.broken = certify.disagreement(record, verdict)
+                raise TrustError(self.broken, {**verdict, "shared_with_canonical": list(self.shared)})
+        ref = {**parity.reference_from_result(result, role="canonical"), "self_check": record}
         runs = self.refs.runs(ref["maths_key"])
         verdict = parity.compare(runs[0] if runs else ref, result, tolerance=parity.tolerance_for(runs or [ref]))
         verdict["shared_with_canonical"] = list(self.shared)
+        verdict["self_check"] = record
         if not verdict["passed"]:
             raise TrustError(
                 f"the canonical reference run does not reproduce the stored reference of the same maths: "
                 f"{parity.describe_failure(verdict)}. If the software or hardware changed on purpose, delete "
                 f"{self.refs.path(ref['maths_key'])} and run again; otherwise the trainer changed what it computes", verdict)
-        self.refs.add(ref)
+        if runs and runs[0].get("role") == "canonical" and runs[0].get("layout_key") == ref["layout_key"]:
+            self.refs.certify(ref["maths_key"], record)  # an anchor left by an older version, certified now
+        else:
+            self.refs.add(ref)
         return verdict
 
     def _anchor(self, result: Any, repeats: Sequence[Any] = ()) -> tuple[dict[str, Any], parity.Tolerance]:
@@ -298,6 +344,13 @@ class ParityGate:
             return []
         return suspects(baseline)
 
+    def pairs(self, baseline: TrainConfig) -> list[tuple[str, TrainConfig | str]]:
+        """After the suspects ran: when none of them alone agreed, every two active families set back together
+        (``pairs``), for the sweep to run before it stops; else nothing."""
+        if not self.tried or any(ok for _, ok, _ in self.tried):
+            return []
+        return pairs(baseline)
+
     def try_suspect(self, family: str, result: Any | None, what: str) -> bool | None:
         """Record one suspect's run: does the baseline with ``family`` set back agree with the canonical run?
         None when it did not run (``what`` says why)."""
@@ -312,6 +365,8 @@ class ParityGate:
 
     def judge_baseline(self, result: Any, repeats: list[Any] = ()) -> dict[str, Any]:
         """The baseline (and its repeats) against the anchor; all stored if they pass, else TrustError."""
+        if self.broken is not None:
+            raise TrustError(self.broken, {"passed": False})
         new = [parity.reference_from_result(r) for r in (result, *repeats)]
         key = new[0]["maths_key"]
         runs = self.refs.runs(key)

@@ -4,9 +4,9 @@ Pure functions. The reference is a run of the same maths (same seed, data, globa
 canonical layout's run when there is one (orchestrator.parity.trust): per-step losses, per-step global gradient
 norms and a layout-independent fingerprint of the final parameters (per-tensor L2 norm and sum under the
 single-process model's names). A run is compared step by step; the first failing step and metric are
-reported with their difference and tolerance. Tolerances are per precision; the fp32 defaults sit between
-the largest difference a legitimate layout change makes and the smallest a seeded bug makes, both measured
-(bench/parity_margins.py, docs/parity.md). Only bf16/GPU tolerances widen, by repeats, and never beyond
+reported with their difference and tolerance. Tolerances are per metric and precision: HEADROOM x the largest
+difference a legitimate layout makes, measured over a calibration set of layouts (LEGIT_LARGEST,
+bench/parity_margins.py, docs/parity.md). Only bf16/GPU tolerances widen, by repeats, and never beyond
 MAX_WIDENING x the floor.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -53,18 +54,42 @@ class Tolerance:
     """Largest element difference between data-parallel replicas of the trial itself."""
 
 
-# Measured by bench/parity_margins.py (tiny GPT, 6 steps; bench/results/parity_margins.md):
-# fp32: legit layouts differ <= 2e-7 in loss; the smallest seeded bug (lr + 1%) moves the loss 2.9e-4 at
-# step 1. Final parameters of legit layouts differ up to 2e-5 (sum term) after the demo sweep's 20 steps
-# with another micro_batch_size (Adam turns rounding noise in tiny gradients into full-size steps); the
-# smallest bug moves them 1.5e-2, so 1e-4 keeps a margin on both sides. bf16: legit layouts differ <= 3e-5 in loss and <= 3e-4 in grad norm (autocast rounding depends on
-# microbatch shapes), the lr bug 3.2e-4 in loss; final-parameter fingerprints of legit bf16 layouts differ
-# by up to 2.4e-2, as much as the lr bug's, so in bf16 the fingerprint only catches gross errors and the
-# per-step loss carries the gate. A measured run-to-run spread of the baseline widens these floors.
-DEFAULT_TOLERANCE = {
-    "fp32": Tolerance(loss_rel=1e-5, grad_norm_rel=1e-4, param_rel=1e-4, replica_abs=1e-6),
-    "bf16": Tolerance(loss_rel=1e-4, grad_norm_rel=1e-3, param_rel=5e-2, replica_abs=1e-6),
+HEADROOM = 5.0
+"""A tolerance is HEADROOM x the largest difference measured between legitimate layouts of the same maths
+(bench/parity_margins.py's calibration set), rounded up to one significant digit (derive_tolerance)."""
+MIN_TOLERANCE = 1e-7
+"""No relative tolerance below a few fp32 roundings, whatever a calibration measured."""
+
+
+def derive_tolerance(largest: dict[str, float], replica_abs: float) -> Tolerance:
+    """The tolerance from the largest legitimate differences per metric (``loss_rel``, ``grad_norm_rel``,
+    ``param_rel``): HEADROOM x each, rounded up to one significant digit, at least MIN_TOLERANCE."""
+    def up(x: float) -> float:
+        x = max(HEADROOM * x, MIN_TOLERANCE)
+        mantissa, exp = f"{x:.6e}".split("e")
+        return float(f"{math.ceil(float(mantissa) - 1e-9)}e{exp}")
+
+    return Tolerance(loss_rel=up(largest["loss_rel"]), grad_norm_rel=up(largest["grad_norm_rel"]),
+                     param_rel=up(largest["param_rel"]), replica_abs=replica_abs)
+
+
+LEGIT_LARGEST = {
+    "fp32": {"loss_rel": 2.3e-7, "grad_norm_rel": 1.5e-5, "param_rel": 3.5e-5},
+    "bf16": {"loss_rel": 1.1e-3, "grad_norm_rel": 2.4e-2, "param_rel": 9.1e-2},
 }
+"""The largest difference between a legitimate layout and the canonical run, per metric and precision, measured
+by bench/parity_margins.py over its calibration set (the tiny GPT in every layout family, tp 1 and 2, pp 1 and 2,
+FSDP2, every recompute kind and the canonical run's self-check, 20 updates; three layouts each of the default and TP
+search spaces' own models), rounded up to two significant digits (bench/results/parity_margins.md;
+tests/unit/test_parity_certify.py keeps them in step). fp32's grad norm comes from the TP space (tp 2).
+In bf16 (CPU autocast) rounding depends on the layout's shapes: legitimate layouts differ by up to 1e-3 in loss and
+9% in the fingerprint, so the bf16 gate catches gross errors only (docs/parity.md, Tolerances)."""
+REPLICA_ABS = 1e-6
+"""Replicas of one legitimate run are bit-identical (measured 0 over the calibration set): any difference beyond a
+rounding is a bug."""
+DEFAULT_TOLERANCE = {precision: derive_tolerance(largest, REPLICA_ABS) for precision, largest in LEGIT_LARGEST.items()}
+"""Per precision: HEADROOM x LEGIT_LARGEST. fp32 on CPU is exact run to run and never widens; bf16/GPU may widen by
+a measured run-to-run spread (REPEAT_FACTOR, capped at MAX_WIDENING)."""
 REPEAT_FACTOR = 10.0
 """bf16/GPU only: a tolerance may widen to REPEAT_FACTOR x the run-to-run spread of repeats of one layout."""
 MAX_WIDENING = 5.0
@@ -270,11 +295,20 @@ class ReferenceStore:
         """Append a run that passed against the anchor (the caller checked); the anchor is always kept."""
         runs = self.runs(ref["maths_key"]) + [ref]
         runs = runs[:1] + runs[1:][-(self.KEEP - 1):]
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".{ref['maths_key']}.tmp"
-        tmp.write_text(json.dumps({"maths_key": ref["maths_key"], "runs": runs}))
-        tmp.replace(self.path(ref["maths_key"]))
+        self._write(ref["maths_key"], runs)
         return runs
+
+    def certify(self, key: str, self_check: dict[str, Any]) -> None:
+        """Mark the anchor of ``key`` certified (orchestrator.parity.certify): a canonical run stored by an older
+        version, reproduced and certified by this one."""
+        runs = self.runs(key)
+        self._write(key, [{**runs[0], "self_check": self_check}, *runs[1:]])
+
+    def _write(self, key: str, runs: list[dict[str, Any]]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".{key}.tmp"
+        tmp.write_text(json.dumps({"maths_key": key, "runs": runs}))
+        tmp.replace(self.path(key))
 
 
 def needs_repeat(train_cfg: dict[str, Any]) -> bool:

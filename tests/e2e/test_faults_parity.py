@@ -15,11 +15,12 @@ import pytest
 
 from orchestrator.sweep.config import load_sweep
 from orchestrator.records.ledger import Ledger
-from orchestrator.parity.verdict import maths_key
+from orchestrator.parity.verdict import DEFAULT_TOLERANCE, maths_key
 from orchestrator.sweep.loop import run_sweep
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
+FP32 = DEFAULT_TOLERANCE["fp32"]
 
 
 def with_bug(name: str) -> dict:
@@ -45,11 +46,12 @@ def test_a_baseline_whose_recompute_is_buggy_is_stopped_by_the_canonical_run(ray
     text = out.stdout + out.stderr
     assert out.returncode == 1, text
     assert "the baseline (trial 0) failed parity: the baseline does not match the canonical run" in text, text
-    assert "grad norm differs at step 0" in text and "> tolerance 1.0e-04" in text, text
+    assert "grad norm differs at step 0" in text and f"> tolerance {FP32.grad_norm_rel:.1e}" in text, text
     assert "recompute.kind='full' (canonical: 'none')" in text, text
     assert "Set back to canonical alone, recompute makes it agree with the canonical run" in text, text
     lines = Ledger(cfg.results_dir / "trials.jsonl").read()
     assert [(r.kind, r.status) for r in lines] == [("canonical", "ok"), ("baseline", "infeasible")]
+    assert lines[0].parity.extra["self_check"]["values"] == [8, 1]  # certified before it anchored the store
     assert lines[0].config["recompute"] == {"kind": "none"} and lines[0].config["parallel"] == {"pp": 1, "dp": 1}
     assert lines[1].parity.first_fail_metric == "grad_norm"
     store = cfg.results_dir.parent / "parity_refs" / f"{maths_key(lines[1].config)}.json"
@@ -68,7 +70,7 @@ def test_a_clean_baseline_passes_and_a_buggy_one_cannot_drift_the_store(ray_addr
     assert [r.kind for r in lines] == ["canonical", "baseline", "trial"], [r.reason for r in lines]
     canonical, base = lines[0], lines[1]
     assert canonical.status == "ok" and canonical.config["parallel"] == {"pp": 1, "dp": 1}
-    assert base.status == "ok" and base.parity.passed and base.parity.tolerance.loss_rel == 1e-5
+    assert base.status == "ok" and base.parity.passed and base.parity.tolerance.loss_rel == FP32.loss_rel
     assert summary["baseline_trial"] == 0 and lines[2].parity is not None
     store = cfg.results_dir.parent / "parity_refs" / f"{maths_key(base.config)}.json"
     stored = store.read_text()
@@ -78,7 +80,7 @@ def test_a_clean_baseline_passes_and_a_buggy_one_cannot_drift_the_store(ray_addr
     out = drive(bugged, ray_address, "name=t2", "search.n_trials=2")
     text = out.stdout + out.stderr
     assert out.returncode == 1, text
-    assert "loss differs at step 1: relative difference" in text and "> tolerance 1.0e-05" in text, text
+    assert "loss differs at step 1: relative difference" in text and f"> tolerance {FP32.loss_rel:.1e}" in text, text
     assert f"The reference is {store}: delete it only if the software or hardware changed on purpose" in text
     assert store.read_text() == stored  # the bad run was not added
     again = Ledger(cfg.results_dir.parent / "t2" / "trials.jsonl").read()
