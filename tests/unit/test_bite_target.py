@@ -53,3 +53,15 @@ def test_a_relative_target_without_a_baseline_is_described_without_seconds():
     assert parse_target({"relative_to_baseline": 0.8}).describe() == "? s/update (0.8 x baseline)"
     assert parse_target({"relative_to_baseline": 0.8}).seconds(0.0) is None
     assert parse_target({"step_time_s": 9.3}).describe() == "9.3 s/update"
+
+
+def test_a_schedule_that_overflows_or_underflows_is_refused_and_the_smallest_normal_number_is_a_target():
+    import sys
+
+    for days, availability in ((3e303, 1.0), (1e-307, 1e-300)):  # inf s; 0 s
+        with pytest.raises(ValueError) as e:
+            parse_target({"schedule": {"days": days, "availability": availability, "updates": 1}})
+        assert str(e.value).startswith("target.schedule: ") and " s per update; give the days and updates" in str(e.value)
+    assert parse_target({"step_time_s": sys.float_info.min}).seconds(None) == sys.float_info.min
+    with pytest.raises(ValueError, match="target.step_time_s: expected a positive number"):
+        parse_target({"step_time_s": sys.float_info.min / 2})

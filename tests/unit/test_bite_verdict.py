@@ -126,3 +126,15 @@ def test_the_numerics_note_prints_the_measured_parameter_difference():
     assert "parameters 0.0e+00 " in note
     assert "parameters n/a " in numerics_note({"parallel.dp": 2}, {"parallel.dp": 1},
                                              {**verdict, "max_fingerprint_rel_diff": None})
+
+
+def test_a_small_tensors_sum_is_judged_relative_to_its_own_norm():
+    ref = _ref(fingerprint={"w": [2.0, 0.5], "tiny": [0.01, 0.002]})
+    moved = make_result(LOSSES, NORMS, fingerprint={"w": [2.0, 0.5], "tiny": [0.01, 0.00201]})  # 1e-5 / 0.01
+    assert compare(ref, moved)["first_fail_metric"] == "parameters"
+
+
+def test_the_stored_reference_keeps_the_device_its_tolerance_depends_on():
+    cuda = [reference_from_result(make_result([5.0, 4.0 * (1 + e)], **{"run.device": "cuda"})) for e in (0, 2e-6)]
+    assert cuda[0]["device"] == "cuda"
+    assert tolerance_for(cuda).loss_rel == pytest.approx(10 * 2e-6, rel=1e-3)
