@@ -168,3 +168,12 @@ def test_the_cluster_file_keeps_the_base_and_records_each_source():
                                 "ranks": 8, "nodes": 1, "ranks_per_node": 8, "devices": ["GPU"],
                                 "sizes_bytes": [8, 256 << 20], "points": 6,
                                 "fit_rel_rms": round(fits["intra_node"].rel_rms, 4)}]
+
+
+def test_the_cluster_file_records_each_tables_fit_error_to_four_places():
+    tables = [netcal.parse((FIX / "all_reduce_perf_8gpu.txt").read_text(), "all_reduce_perf_8gpu.txt")]
+    fits = netcal.fit(tables)
+    rms = fits["intra_node"].rel_rms
+    assert 0.001 < rms < 0.5 and round(rms, 4) != round(rms, 5)  # a real table: a fit error with more digits
+    (source,) = netcal.cluster_file({}, fits, "now", "x")["provenance"]["sources"]
+    assert source["fit_rel_rms"] == round(rms, 4)
