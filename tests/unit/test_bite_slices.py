@@ -148,3 +148,27 @@ def test_trainer_slices_drop_the_baselines_layout_but_keep_its_knobs():
     with pytest.raises(ValueError) as e:
         derive_trainer_slices(s)
     assert str(e.value) == "trainer.tensor_parallel.size: slices of a ray-backend file run at tp 1"
+
+
+def test_a_model_sweep_without_a_planner_section_is_named():
+    with pytest.raises(ValueError) as e:
+        derive_slices({"backend": "model"})
+    assert str(e.value) == "planner: section missing (profile reads a sweep file with backend: model)"
+
+
+@pytest.mark.parametrize("layout", [{"parallel.dp": 3},  # 16 sequences do not split over 3 replicas
+                                    {"parallel.pp": 2, "pipeline.schedule": "interleaved_1f1b",
+                                     "pipeline.virtual_stages": 3}])
+def test_trainer_slices_take_none_of_the_baselines_layout(layout):
+    s = copy.deepcopy(DEFAULT)
+    s["baseline"] = {**s["baseline"], **layout}
+    plan = derive_trainer_slices(s, ranks=2, layers=2)
+    assert all((x.config.parallel.pp, x.config.parallel.dp) == (1, 2) for x in plan.slices)
+
+
+def test_trainer_slices_run_the_default_pipeline_whatever_the_trainer_section_says():
+    s = copy.deepcopy(DEFAULT)
+    s["trainer"]["parallel"] = {"pp": 2}
+    s["trainer"]["pipeline"] = {"schedule": "gpipe"}
+    for x in derive_trainer_slices(s, ranks=2, layers=2).slices:
+        assert x.config.pipeline == type(x.config.pipeline)()
