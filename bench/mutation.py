@@ -39,11 +39,27 @@ def dotted(module: str) -> str:
     return module.removesuffix(".py").replace("/", ".")
 
 
+def unscored(module: str) -> set[str]:
+    explained = tomllib.loads(SURVIVORS.read_text()) if SURVIVORS.exists() else {}
+    return set(explained.get(module, {}).get("not_scored", {}).get("functions", []))
+
+
+def scored_globs(module: str) -> list[str]:
+    """mutmut name patterns of the module's functions and methods, less those left out of its score."""
+    tree = ast.parse((ROOT / module).read_text())
+    names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    names += [f"{c.name}.{n.name}" for c in tree.body if isinstance(c, ast.ClassDef) for n in c.body
+              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    skip = unscored(module)
+    return [f"{dotted(module)}.x{'ǁ' + n.replace('.', 'ǁ') if '.' in n else '_' + n}__mutmut_*"
+            for n in names if n not in skip]
+
+
 def run(module_list: list[str], jobs: int) -> None:
     for module in module_list:
         print(f"== mutmut run {module}", flush=True)
         # mutmut draws a progress bar; its final counts are in the report below.
-        subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs), f"{dotted(module)}.*"],
+        subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs), *scored_globs(module)],
                        cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
 
 
@@ -127,10 +143,10 @@ def report(module_list: list[str]) -> tuple[list[Score], dict[str, str]]:
         data = SourceFileMutationData(path=Path(module))
         data.load()
         notes = {e["line"]: e["reason"] for e in explained.get(module, {}).get("equivalent", [])}
-        unscored = set(explained.get(module, {}).get("not_scored", {}).get("functions", []))
+        skip = unscored(module)
         s = Score(module)
         for name, code in sorted(data.exit_code_by_key.items()):
-            if function_of(name) in unscored:
+            if function_of(name) in skip:
                 s.not_scored += 1
                 continue
             status = status_by_exit_code[code]
@@ -183,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report-only", action="store_true", help="score the last run without running mutmut")
     p.add_argument("--fresh", action="store_true", help="delete mutants/ first (after tests changed)")
     p.add_argument("--write", type=Path, help="also write the table and the survivors to this markdown file")
+    p.add_argument("--note", help="a paragraph to put above the table in --write (e.g. the run's wall time)")
     p.add_argument("--diffs", action="store_true", help="print each unexplained survivor's diff")
     args = p.parse_args(argv)
     every = modules()
@@ -200,7 +217,15 @@ def main(argv: list[str] | None = None) -> int:
         for name, diff in diffs.items():
             print(f"# {name}\n{diff}\n")
     if args.write:
-        args.write.write_text(text)
+        import datetime
+        from importlib.metadata import version
+
+        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        head = (f"# Mutation testing of the decision modules\n\nCommand: `make mutate` (`python bench/mutation.py "
+                f"--fresh`), then `python bench/mutation.py --report-only --write {args.write}`; mutmut "
+                f"{version('mutmut')}, {when}. How to read it: [docs/testing.md](../../docs/testing.md#mutation-testing)."
+                f"\n\n")
+        args.write.write_text(head + (args.note + "\n\n" if args.note else "") + text)
     return 1 if any(s.gaps for s in scores) else 0
 
 

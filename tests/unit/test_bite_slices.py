@@ -172,3 +172,24 @@ def test_trainer_slices_run_the_default_pipeline_whatever_the_trainer_section_sa
     s["trainer"]["pipeline"] = {"schedule": "gpipe"}
     for x in derive_trainer_slices(s, ranks=2, layers=2).slices:
         assert x.config.pipeline == type(x.config.pipeline)()
+
+
+def test_a_vocabulary_tp_does_not_divide_is_padded_up_as_megatron_does():
+    """Found by tests/unit/test_props_slices.py: the planner accepts vocab 50257 at tp 2; the slice refused it."""
+    plan = derive_slices(sweep(model={"vocab_size": 50257}), ranks=2)
+    assert plan.shape["vocab_size"] == 50258 and all(s.config.model.vocab_size == 50258 for s in plan.slices)
+    assert "model.vocab_size 50257 padded to 50258, a multiple of tensor_parallel.size 2" in plan.notes
+    assert derive_slices(sweep(model={"vocab_size": 50257}), ranks=4, **{}).shape["vocab_size"] == 50258
+    assert not any("padded" in n for n in derive_slices(sweep(model={"vocab_size": 50256}), ranks=2).notes)
+
+
+def test_on_cuda_tp_comm_overlap_is_kept_for_the_trainer_to_judge_and_dropped_at_tp_1():
+    overlap = {"size": 2, "sequence_parallel": True, "comm_overlap": True}
+    selective = sweep(tensor_parallel=overlap)
+    selective["baseline"] = {"recompute.kind": "selective"}
+    with pytest.raises(ValueError, match="^tensor_parallel.comm_overlap: the blocks it compiles cannot trace "
+                                         "recompute.kind=selective"):
+        derive_slices(selective, ranks=2, device="cuda")
+    fallback = derive_slices(sweep(tensor_parallel={**overlap, "size": 4}, parallel={"pp": 2, "dp": 1}), ranks=2,
+                             device="cuda")
+    assert fallback.tp == 1 and not any(s.config.tensor_parallel.comm_overlap for s in fallback.slices)

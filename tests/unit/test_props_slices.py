@@ -62,11 +62,3 @@ def test_every_slice_is_a_valid_trainer_config_of_the_requested_size(sweep, rank
             plan.shape["d_model"], plan.shape["n_heads"], plan.shape["vocab_size"])
         assert not c.tensor_parallel.comm_overlap  # CPU slices never overlap TP communication
 
-
-def test_a_vocabulary_tp_does_not_divide_is_padded_up_as_megatron_does():
-    """Found by the property above: the planner accepts vocab 50257 at tp 2; the trainer's slice refused it."""
-    from tests.unit.test_profile_slices import sweep
-
-    plan = derive_slices(sweep(model={"vocab_size": 50257}), ranks=2)
-    assert plan.shape["vocab_size"] == 50258 and all(s.config.model.vocab_size == 50258 for s in plan.slices)
-    assert "model.vocab_size 50257 padded to 50258, a multiple of tensor_parallel.size 2" in plan.notes
