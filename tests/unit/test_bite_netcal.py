@@ -71,7 +71,8 @@ def test_sizes_and_times_must_be_positive_and_finite(row, ok):
         assert _refused(lines).startswith(f"all_reduce_perf.txt:{HEADER_END + 1}: size and times must be positive")
 
 
-@pytest.mark.parametrize("wrong, ok", [("0", True), ("0.00", True), ("N/A", True), ("2", False), ("1.0", False)])
+@pytest.mark.parametrize("wrong, ok", [("0", True), ("0.00", True), ("N/A", True), ("2", False), ("1.0", False),
+                                       ("?", False)])
 def test_the_wrong_count_must_be_zero(wrong, ok):
     lines = _with_rows([_row(1024, "20.0", "20.0", wrong)])
     if ok:

@@ -193,3 +193,4 @@ def test_on_cuda_tp_comm_overlap_is_kept_for_the_trainer_to_judge_and_dropped_at
     fallback = derive_slices(sweep(tensor_parallel={**overlap, "size": 4}, parallel={"pp": 2, "dp": 1}), ranks=2,
                              device="cuda")
     assert fallback.tp == 1 and not any(s.config.tensor_parallel.comm_overlap for s in fallback.slices)
+    assert all(s.config.run.device == "cuda" for s in fallback.slices)
