@@ -179,7 +179,9 @@ def test_a_vocabulary_tp_does_not_divide_is_padded_up_as_megatron_does():
     plan = derive_slices(sweep(model={"vocab_size": 50257}), ranks=2)
     assert plan.shape["vocab_size"] == 50258 and all(s.config.model.vocab_size == 50258 for s in plan.slices)
     assert "model.vocab_size 50257 padded to 50258, a multiple of tensor_parallel.size 2" in plan.notes
-    assert derive_slices(sweep(model={"vocab_size": 50257}), ranks=4, **{}).shape["vocab_size"] == 50258
+    tp4 = derive_slices(sweep(model={"vocab_size": 50257}, tensor_parallel={"size": 4}, parallel={"pp": 2, "dp": 1}),
+                        ranks=4)
+    assert (tp4.tp, tp4.shape["vocab_size"]) == (4, 50260)
     assert not any("padded" in n for n in derive_slices(sweep(model={"vocab_size": 50256}), ranks=2).notes)
 
 
