@@ -7,7 +7,8 @@
 The modules and the unit tests that judge them are listed once, in pyproject.toml's ``[tool.mutmut]``
 (``only_mutate`` and ``pytest_add_cli_args_test_selection``); mutmut runs each mutant against only the tests
 that executed its function. Every surviving mutant must be explained: ``bench/mutation_survivors.toml`` names
-the mutated line of each one that is equivalent (no input can tell it apart) with a one-line reason. A
+the mutated line of each one that is equivalent (no input can tell it apart) with a one-line reason, and of
+each one no test on a CPU machine can reach (still counted as not killed). A
 survivor whose only change is the wording of a ``raise``'s message is counted apart (the error's type and
 when it is raised are what the tests hold). Anything else is a gap: the report lists it with its diff, and
 the command exits 1.
@@ -70,12 +71,14 @@ class Score:
     equivalent: list[tuple[str, str]] = field(default_factory=list)
     message: list[str] = field(default_factory=list)
     gaps: list[tuple[str, str]] = field(default_factory=list)
+    unreachable: list[tuple[str, str]] = field(default_factory=list)
     other: dict[str, int] = field(default_factory=dict)
     not_scored: int = 0
 
     @property
     def total(self) -> int:
-        return self.killed + len(self.equivalent) + len(self.message) + len(self.gaps) + sum(self.other.values())
+        return (self.killed + len(self.equivalent) + len(self.message) + len(self.gaps) + len(self.unreachable)
+                + sum(self.other.values()))
 
     @property
     def behaviour(self) -> int:
@@ -143,6 +146,7 @@ def report(module_list: list[str]) -> tuple[list[Score], dict[str, str]]:
         data = SourceFileMutationData(path=Path(module))
         data.load()
         notes = {e["line"]: e["reason"] for e in explained.get(module, {}).get("equivalent", [])}
+        cannot = {e["line"]: e["reason"] for e in explained.get(module, {}).get("unreachable", [])}
         skip = unscored(module)
         s = Score(module)
         for name, code in sorted(data.exit_code_by_key.items()):
@@ -162,6 +166,8 @@ def report(module_list: list[str]) -> tuple[list[Score], dict[str, str]]:
             reason = next((notes[line] for line in lines if line in notes), None)
             if reason:
                 s.equivalent.append((short, reason))
+            elif why := next((cannot[line] for line in lines if line in cannot), None):
+                s.unreachable.append((short, why))
             elif message_only(*_functions(name, Path(module))):
                 s.message.append(short)
             else:
@@ -177,7 +183,7 @@ def markdown(scores: list[Score], diffs: dict[str, str]) -> str:
     for s in scores:
         other = ", ".join(f"{k} {v}" for k, v in sorted(s.other.items())) or "0"
         out.append(f"| `{s.module}` | {s.total} | {s.killed} | {len(s.equivalent)} | {len(s.message)} | {other} | "
-                   f"{len(s.gaps)} | {s.score:.1%} | {s.not_scored} |")
+                   f"{len(s.gaps) + len(s.unreachable)} | {s.score:.1%} | {s.not_scored} |")
     for s in scores:
         if s.message:
             out += ["", f"### `{s.module}`: message-only survivors", "",
@@ -185,6 +191,9 @@ def markdown(scores: list[Score], diffs: dict[str, str]) -> str:
         if s.equivalent:
             out += ["", f"### `{s.module}`: equivalent survivors", ""]
             out += [f"- `{name}`: {reason}" for name, reason in s.equivalent]
+        if s.unreachable:
+            out += ["", f"### `{s.module}`: survivors no test on this machine can reach (counted as not killed)", ""]
+            out += [f"- `{name}`: {reason}" for name, reason in s.unreachable]
         if s.gaps:
             out += ["", f"### `{s.module}`: survivors not yet killed", ""]
             for name, line in s.gaps:
