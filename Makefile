@@ -1,5 +1,5 @@
 # The two commands the README starts with. Each sets everything up first (scripts/setup.sh).
-.PHONY: setup sweep test test-fast bench docs
+.PHONY: setup sweep test test-fast bench docs mutate
 
 setup:
 	bash scripts/setup.sh
@@ -20,3 +20,8 @@ bench: setup
 # subcommands and flags (from the argparse parsers) and docs/architecture.md's rooms.
 docs: setup
 	.venv/bin/python -m orchestrator.docgen
+
+# Mutation testing of the decision modules (minutes; not part of `make test`): bench/mutation.py runs mutmut
+# module by module over [tool.mutmut] in pyproject.toml and scores it (docs/testing.md#mutation-testing).
+mutate: setup
+	.venv/bin/python bench/mutation.py --fresh

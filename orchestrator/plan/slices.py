@@ -97,6 +97,9 @@ def derive_slices(sweep: Mapping[str, Any], ranks: int = 2, layers: int = 2, shr
         notes.append(f"--shrink {shrink}: hidden {m.hidden_size}->{hidden}, heads {m.num_heads}->{heads}, ffn "
                      f"{m.ffn_hidden_size or 4 * m.hidden_size}->{ffn}, vocab {m.vocab_size}->{vocab}: the fit "
                      f"does not describe the production GEMMs")
+    if vocab % tp:  # the trainer splits the vocabulary over TP ranks; Megatron pads it up the same way
+        notes.append(f"model.vocab_size {vocab} padded to {vocab + -vocab % tp}, a multiple of tensor_parallel.size {tp}")
+        vocab += -vocab % tp
     notes += _model_notes(m)
     precision = PRECISION[plan.job.precision]
     if plan.job.precision == "mixed":

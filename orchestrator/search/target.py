@@ -8,6 +8,7 @@ number of updates the token budget needs. 76 days x 86,400 s x 0.9 / 635,782 upd
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -91,11 +92,17 @@ def parse_target(data: Any, where: str = "target") -> Target:
     updates = sched["updates"]
     if isinstance(updates, bool) or not isinstance(updates, int) or updates < 1:
         raise ValueError(f"{where}.schedule.updates: expected a positive integer, got {updates!r}")
-    return Target(days=days, availability=availability, updates=updates)
+    target = Target(days=days, availability=availability, updates=updates)
+    seconds = target.seconds(None)
+    if not 0 < seconds < math.inf:  # finite inputs can still overflow (1e303 days) or underflow to 0 s
+        raise ValueError(f"{where}.schedule: {days:g} days x {availability:g} availability / {updates:,} updates "
+                         f"gives {seconds:g} s per update; give the days and updates of a real run")
+    return target
 
 
 def _positive(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+    # Subnormal floats (below sys.float_info.min) are not targets: times a step time they underflow to 0 s.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not sys.float_info.min <= value < math.inf:
         raise ValueError(f"{where}: expected a positive number, got {value!r}")
     return float(value)
 

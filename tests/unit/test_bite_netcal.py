@@ -1,0 +1,180 @@
+"""netcal's parser and fit at their boundaries (issue 30: each case is a mutant the older tests let through)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.plan import netcal
+from orchestrator.planner import comm
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nccl_tests"
+AR = (FIX / "all_reduce_perf_8gpu.txt").read_text().splitlines()
+HEADER_END = next(i for i, ln in enumerate(AR) if "(B)" in ln) + 1  # first row's index
+NCCL = "dgx-a-017:41021:41021 [0] NCCL INFO Channel 00/32 : 0 1 2 3 4 5 6 7"
+
+
+def _parse(lines: list[str], source: str = "all_reduce_perf.txt", collective: str | None = None) -> netcal.Table:
+    return netcal.parse("\n".join(lines) + "\n", source, collective)
+
+
+def _refused(lines: list[str], source: str = "all_reduce_perf.txt") -> str:
+    with pytest.raises(ValueError) as e:
+        _parse(lines, source)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def _row(size: int, t_out: str, t_in: str, wrong: str = "0") -> str:
+    return f"  {size:>10}  {size // 4:>12}     float     sum      -1  {t_out:>7}  1.00  1.00  {wrong:>6}  " \
+           f"{t_in:>7}  1.00  1.00  {wrong:>6}"
+
+
+def _with_rows(rows: list[str]) -> list[str]:
+    return AR[:HEADER_END] + rows + [ln for ln in AR[HEADER_END:] if ln.startswith("#")]
+
+
+def test_nccl_log_lines_inside_the_table_are_skipped():
+    t = _parse(AR[:HEADER_END + 3] + [NCCL, "   " + NCCL.replace("INFO", "WARN")] + AR[HEADER_END + 3:])
+    assert len(t.points) == 20
+
+
+def test_comment_and_launcher_lines_are_not_taken_for_the_header():
+    assert len(_parse(["mpirun: launching 8 ranks", *AR]).points) == 20
+    notes = ["# note: busbw = algbw x 2(n-1)/n", "# sizes from 8 B to 1 GB, time in us"]
+    assert len(_parse(AR[:HEADER_END + 2] + notes + AR[HEADER_END + 2:]).points) == 20
+
+
+def test_a_row_after_the_closing_line_is_refused_naming_the_line():
+    lines = AR + [AR[HEADER_END]]
+    assert _refused(lines) == (f"all_reduce_perf.txt:{len(lines)}: a row after the closing '# Avg bus bandwidth' "
+                               f"line: {AR[HEADER_END].strip()!r}")
+
+
+def test_the_first_time_column_is_out_of_place_and_the_second_in_place():
+    t = _parse(_with_rows([_row(1024, "20.0", "30.0"), _row(1 << 30, "6000.0", "7000.0")]))
+    assert [(p.size_bytes, p.time_us, p.in_place) for p in t.points] == [
+        (1024, 20.0, False), (1024, 30.0, True), (1 << 30, 6000.0, False), (1 << 30, 7000.0, True)]
+
+
+@pytest.mark.parametrize("row, ok", [
+    (_row(0, "20.0", "20.0"), False), (_row(1, "20.0", "20.0"), True),
+    (_row(1024, "0.0", "20.0"), False), (_row(1024, "0.5", "0.5"), True), (_row(1024, "inf", "20.0"), False),
+    (_row(1024, "-1.0", "20.0"), False),
+])
+def test_sizes_and_times_must_be_positive_and_finite(row, ok):
+    lines = _with_rows([row])
+    if ok:
+        assert len(_parse(lines).points) == 2
+    else:
+        assert _refused(lines).startswith(f"all_reduce_perf.txt:{HEADER_END + 1}: size and times must be positive")
+
+
+@pytest.mark.parametrize("wrong, ok", [("0", True), ("0.00", True), ("N/A", True), ("2", False), ("1.0", False),
+                                       ("?", False)])
+def test_the_wrong_count_must_be_zero(wrong, ok):
+    lines = _with_rows([_row(1024, "20.0", "20.0", wrong)])
+    if ok:
+        assert len(_parse(lines).points) == 2
+    else:
+        assert f"{wrong} wrong values at 1024 B" in _refused(lines)
+
+
+def test_an_error_column_in_place_of_wrong_is_checked_too():
+    lines = [ln.replace("#wrong", " error") for ln in _with_rows([_row(1024, "20.0", "20.0", "1e-3")])]
+    assert "1e-3 wrong values at 1024 B" in _refused(lines)
+    lines = [ln.replace("#wrong", " error") for ln in _with_rows([_row(1024, "20.0", "20.0", "0e+00")])]
+    assert len(_parse(lines).points) == 2
+
+
+def test_the_collective_comes_from_the_starting_line_before_the_file_name():
+    t = _parse(["# Collective test starting: all_gather_perf", *AR], source="run7.log")
+    assert t.collective == "all_gather"
+    assert _parse(["# Collective test starting: all_gather_perf", *AR], "run7.log", "reduce_scatter").collective \
+        == "reduce_scatter"
+
+
+def test_an_empty_table_and_uneven_hosts_are_refused_with_their_reason():
+    assert _refused(_with_rows([])) == f"all_reduce_perf.txt:{len(_with_rows([]))}: the table has no rows"
+    uneven = [ln.replace("dgx-a-017", "dgx-a-018") if "Rank  7" in ln else ln for ln in AR]
+    assert _refused(uneven).startswith("all_reduce_perf.txt: ranks are spread unevenly over hosts (")
+
+
+def test_one_rank_moves_nothing():
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        assert netcal.hops_and_volume(op, 1, 1e6) == (0.0, 0.0)
+    assert netcal.hops_and_volume("sendrecv", 1, 1e6) == (1.0, 1e6)
+
+
+def _exact(op: str, hosts: tuple[str, ...], alpha_s: float, bus_Bps: float, sizes=None) -> netcal.Table:
+    """A table of unrounded times from the planner's own formulas (no print/parse rounding)."""
+    n = len(hosts)
+    times = []
+    for size in sizes or (8, 1024, 65536, 1 << 20, 16 << 20, 256 << 20):
+        if op == "sendrecv":
+            t = float(comm.p2p_time(size, bus_Bps, alpha_s))
+        elif op == "all_reduce":
+            t = float(comm.all_reduce_time(n, size, bus_Bps, alpha_s))
+        else:
+            t = float(comm.reduce_scatter_time(n, size, bus_Bps, alpha_s))
+        times.append(netcal.Point(size, t * 1e6, False))
+    return netcal.Table(f"{op}_perf.txt", op, hosts, ("GPU",), tuple(times))
+
+
+@pytest.mark.parametrize("op, hosts, per_node", [
+    ("all_reduce", ("a",) * 8, 1), ("all_gather", ("a",) * 4 + ("b",) * 4, 4),
+    ("sendrecv", ("a", "a", "b", "b"), 1)])
+def test_the_fit_recovers_exact_parameters(op, hosts, per_node):
+    (f,) = netcal.fit([_exact(op, hosts, 7e-6, 120e9)]).values()
+    assert f.latency_us == pytest.approx(7.0, rel=1e-9) and f.bw_GBps == pytest.approx(120.0 / per_node, rel=1e-9)
+    assert f.rel_rms < 1e-9
+
+
+def test_a_negative_latency_is_refitted_as_bandwidth_alone():
+    # Small messages faster than the bandwidth line alone: least squares would give a negative latency.
+    t = _exact("sendrecv", ("a", "b"), 0.0, 100e9)
+    points = tuple(netcal.Point(p.size_bytes, p.time_us * (0.5 if p.size_bytes < 1024 else 1.0), False)
+                   for p in t.points)
+    (f,) = netcal.fit([netcal.Table(t.source, t.collective, t.hosts, t.devices, points)]).values()
+    x = [p.size_bytes / (p.time_us * 1e-6) for p in points]  # sendrecv: volume = size; one unknown, 1 / bw
+    assert f.latency_us == 0.0 and f.bw_GBps == pytest.approx(1e-9 * sum(v * v for v in x) / sum(x), rel=1e-9)
+
+
+@pytest.mark.parametrize("share, fitted", [(0.05, False), (0.2, True)])
+def test_a_flat_table_whose_bandwidth_explains_little_of_the_largest_time_is_refused(share, fitted):
+    # 1000 us at every size but the largest, which adds `share` of its time as bandwidth-bound transfer.
+    size = 1 << 30
+    points = [netcal.Point(s, 1000.0, False) for s in (8, 1024, 1 << 20)]
+    points.append(netcal.Point(size, 1000.0 / (1 - share), False))
+    table = netcal.Table("all_gather_perf.txt", "all_gather", ("a", "a"), ("GPU",), tuple(points))
+    if fitted:
+        assert netcal.fit([table])["intra_node"].bw_GBps > 0
+    else:
+        with pytest.raises(ValueError, match="the times do not grow with the size"):
+            netcal.fit([table])
+
+
+def test_the_cluster_file_keeps_the_base_and_records_each_source():
+    table = _exact("all_reduce", ("a",) * 8, 7e-6, 120e9)
+    fits = netcal.fit([table])
+    base = {"cluster": {"peak_tflops": 989}, "efficiency": {"mfu_prior": 0.4, "dp_bw_eff": 0.7}}
+    doc = netcal.cluster_file(base, fits, "2026-12-02T00:00:00Z", "steptune netcal x")
+    assert doc["efficiency"] == {"mfu_prior": 0.4, "dp_bw_eff": 0.7, "tp_bw_eff": 1.0}
+    assert doc["cluster"]["peak_tflops"] == 989
+    prov = doc["provenance"]
+    assert (prov["date"], prov["command"]) == ("2026-12-02T00:00:00Z", "steptune netcal x")
+    assert prov["note"].startswith("bandwidth/latency fitted to nccl-tests output by steptune netcal")
+    assert prov["sources"] == [{"file": "all_reduce_perf.txt", "collective": "all_reduce", "tier": "intra_node",
+                                "ranks": 8, "nodes": 1, "ranks_per_node": 8, "devices": ["GPU"],
+                                "sizes_bytes": [8, 256 << 20], "points": 6,
+                                "fit_rel_rms": round(fits["intra_node"].rel_rms, 4)}]
+
+
+def test_the_cluster_file_records_each_tables_fit_error_to_four_places():
+    tables = [netcal.parse((FIX / "all_reduce_perf_8gpu.txt").read_text(), "all_reduce_perf_8gpu.txt")]
+    fits = netcal.fit(tables)
+    rms = fits["intra_node"].rel_rms
+    assert 0.001 < rms < 0.5 and round(rms, 4) != round(rms, 5)  # a real table: a fit error with more digits
+    (source,) = netcal.cluster_file({}, fits, "now", "x")["provenance"]["sources"]
+    assert source["fit_rel_rms"] == round(rms, 4)

@@ -1,0 +1,198 @@
+"""Slice derivation at its boundaries (issue 30: each case is a mutant the older tests let through)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.plan.slices import derive_slices, derive_trainer_slices
+
+from tests.unit.test_profile_slices import SWEEP, sweep
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT = yaml.safe_load((ROOT / "search_spaces" / "default.yaml").read_text())
+
+
+def _space(**params) -> dict:
+    out = copy.deepcopy(SWEEP)
+    out["space"] = {"params": params}
+    return out
+
+
+def test_an_int_range_of_micro_batch_sizes_gives_both_ends():
+    plan = derive_slices(_space(**{"batch.micro_batch_size": {"type": "int", "low": 1, "high": 4}}))
+    assert [s.name for s in plan.slices] == ["mbs=1 recompute=full", "mbs=4 recompute=full"]
+    assert plan.slices[1].config.batch.micro_batch_size == 4
+    assert [s.name for s in derive_slices(_space(**{"batch.micro_batch_size": {"type": "float", "low": 1,
+                                                                                "high": 4}})).slices] == \
+        ["mbs=1 recompute=full"]
+
+
+def test_shrink_rounds_heads_ffn_and_vocabulary_to_whole_tensor_parallel_shares():
+    plan = derive_slices(sweep(model={"hidden_size": 3072, "num_heads": 48, "ffn_hidden_size": 12290,
+                                      "vocab_size": 1012}), ranks=2, shrink=4)
+    # heads 48/4 = 12, ffn 12290/4 = 3072.5 -> 3072, vocabulary 1012/4 = 253 -> 252 (a multiple of tp 2).
+    assert plan.shape == {"d_model": 768, "n_heads": 12, "d_ff": 3072, "vocab_size": 252, "seq_len": 128,
+                          "precision": "bf16"}
+    assert all(type(plan.shape[k]) is int for k in ("d_model", "n_heads", "d_ff", "vocab_size"))
+    assert any(n.startswith("--shrink 4: hidden 3072->768, heads 48->12, ffn 12290->3072, vocab 1012->252")
+               for n in plan.notes)
+
+
+def test_shrink_never_goes_below_one_head_per_rank_or_one_dimension_per_head():
+    plan = derive_slices(sweep(), ranks=2, shrink=128)  # 8 heads, hidden 256
+    assert (plan.shape["n_heads"], plan.shape["d_model"]) == (2, 2)
+    assert plan.shape["d_ff"] == 8 and plan.shape["vocab_size"] == 6  # 1024 // 128, 1000 // 128 rounded to tp
+
+
+def test_shrink_2_halves_and_shrink_1_changes_nothing():
+    assert derive_slices(sweep(), shrink=2).shape["d_model"] == 128
+    plan = derive_slices(sweep(), shrink=1)
+    assert plan.shape["d_model"] == 256 and not any("--shrink" in n for n in plan.notes)
+
+
+def _no_ffn(**changes) -> dict:
+    out = sweep(**changes)
+    del out["planner"]["model"]["ffn_hidden_size"]
+    return out
+
+
+def test_an_unset_ffn_width_is_four_times_hidden():
+    plan = derive_slices(_no_ffn())
+    assert plan.shape["d_ff"] == 1024 and plan.slices[0].config.model.ffn_dim == 1024
+    plan = derive_slices(sweep(model={"ffn_hidden_size": 1536}))
+    assert plan.slices[0].config.model.ffn_dim == 1536
+
+
+def test_the_trainers_own_layer_gemms_need_no_note():
+    standard = [[256, 768], [256, 256], [256, 1024], [1024, 256]]
+    assert not any("layer_gemms" in n for n in derive_slices(sweep(model={"layer_gemms": standard})).notes)
+    four_h = derive_slices(_no_ffn(model={"layer_gemms": standard})).notes
+    assert not any("layer_gemms" in n for n in four_h)
+
+
+def test_tp_comm_overlap_is_switched_off_on_cpu_and_kept_on_cuda():
+    overlap = {"size": 2, "sequence_parallel": True, "comm_overlap": True}
+    plan = derive_slices(sweep(tensor_parallel=overlap), ranks=2)
+    assert all(not s.config.tensor_parallel.comm_overlap for s in plan.slices)
+    assert "tensor_parallel.comm_overlap needs CUDA: the slice runs without it" in plan.notes
+    assert not any("comm_overlap" in n for n in derive_slices(sweep(), ranks=2).notes)
+
+
+def test_with_tp1_adds_one_tp1_slice_of_the_baseline():
+    plan = derive_slices(sweep(), ranks=2, with_tp1=True)
+    last = plan.slices[-1]
+    assert last.name == "mbs=1 recompute=full tp=1" and len(plan.slices) == 6
+    assert (last.config.tensor_parallel.size, last.config.parallel.dp, last.config.world_size) == (1, 2, 2)
+    assert not last.config.tensor_parallel.comm_overlap and last.config.batch.global_batch == 1 * 2 * 2
+    assert all(s.config.tensor_parallel.size == 2 for s in plan.slices[:-1])
+    assert len(derive_slices(sweep(tensor_parallel={"size": 4}, parallel={"pp": 2, "dp": 1}), ranks=2,
+                             with_tp1=True).slices) == 5  # already tp 1: nothing to add
+
+
+def test_the_baseline_comes_from_the_baseline_section_else_the_planner():
+    no_base = sweep()
+    del no_base["baseline"]
+    assert derive_slices(no_base).slices[0].name == "mbs=2 recompute=full"
+    none_first = sweep()
+    none_first["baseline"] = {"recompute.kind": "none"}
+    names = [s.name for s in derive_slices(none_first).slices]
+    assert names[0] == "mbs=2 recompute=none" and "mbs=2 recompute=full" in names
+
+
+def test_recompute_kinds_of_the_space_become_their_own_settings():
+    s = _space(**{"recompute.kind": {"type": "categorical", "choices": ["full", "op", "selective"]}})
+    s["baseline"] = {"recompute.kind": "selective"}
+    s["planner"]["recompute"] = {"kind": "selective"}
+    by_name = {x.name: x.config.recompute for x in derive_slices(s).slices}
+    full = by_name["mbs=2 recompute=full"]
+    assert (full.kind, full.method, full.num_layers) == ("full", "uniform", 1)
+    assert by_name["mbs=2 recompute=op"].kind == "op" and by_name["mbs=2 recompute=selective"].kind == "selective"
+
+
+def test_defaults_and_the_lowest_accepted_flags():
+    plan = derive_slices(sweep())
+    c = plan.slices[0].config
+    assert (plan.ranks, plan.layers, plan.shrink, c.run.steps, c.run.warmup_steps, c.run.timeline_steps) == \
+        (2, 2, 1, 4, 1, 0)
+    assert derive_slices(sweep(tensor_parallel={"size": 1}, parallel={"pp": 2, "dp": 4}), ranks=1).ranks == 1
+    assert derive_slices(sweep(), steps=2).slices[0].config.run.steps == 2
+
+
+def test_trainer_slices_defaults_flags_and_plan_fields():
+    plan = derive_trainer_slices(DEFAULT)
+    assert (plan.ranks, plan.layers, plan.tp, plan.shrink, plan.notes) == (2, 2, 1, 1, ())
+    c = plan.slices[0].config
+    assert (c.run.steps, c.run.warmup_steps, c.run.timeline_steps, c.parallel.pp) == (6, 2, 0, 1)
+    assert derive_trainer_slices(DEFAULT, ranks=1).slices[0].config.world_size == 1
+    assert derive_trainer_slices(DEFAULT, steps=4, warmup=3).slices[0].config.run.warmup_steps == 3
+    for kwargs, message in (({"ranks": 0}, "--ranks: must be an integer >= 1, got 0"),
+                            ({"layers": 0}, "--layers: must be an integer >= 1, got 0")):
+        with pytest.raises(ValueError) as e:
+            derive_trainer_slices(DEFAULT, **kwargs)
+        assert str(e.value) == message
+
+
+def test_trainer_slices_drop_the_baselines_layout_but_keep_its_knobs():
+    s = copy.deepcopy(DEFAULT)
+    s["trainer"]["parallel"] = {"pp": 2}
+    s["baseline"].update({"parallel.pp": 2, "pipeline.schedule": "gpipe", "tensor_parallel.size": 2})
+    plan = derive_trainer_slices(s, ranks=2, layers=2)
+    for x in plan.slices:
+        assert (x.config.parallel.pp, x.config.tensor_parallel.size, x.config.recompute.kind) == \
+            (1, 1, x.name.rsplit("recompute=", 1)[1])
+    s["trainer"]["tensor_parallel"] = {"size": 2}
+    with pytest.raises(ValueError) as e:
+        derive_trainer_slices(s)
+    assert str(e.value) == "trainer.tensor_parallel.size: slices of a ray-backend file run at tp 1"
+
+
+def test_a_model_sweep_without_a_planner_section_is_named():
+    with pytest.raises(ValueError) as e:
+        derive_slices({"backend": "model"})
+    assert str(e.value) == "planner: section missing (profile reads a sweep file with backend: model)"
+
+
+@pytest.mark.parametrize("layout", [{"parallel.dp": 3},  # 16 sequences do not split over 3 replicas
+                                    {"parallel.pp": 2, "pipeline.schedule": "interleaved_1f1b",
+                                     "pipeline.virtual_stages": 3}])
+def test_trainer_slices_take_none_of_the_baselines_layout(layout):
+    s = copy.deepcopy(DEFAULT)
+    s["baseline"] = {**s["baseline"], **layout}
+    plan = derive_trainer_slices(s, ranks=2, layers=2)
+    assert all((x.config.parallel.pp, x.config.parallel.dp) == (1, 2) for x in plan.slices)
+
+
+def test_trainer_slices_run_the_default_pipeline_whatever_the_trainer_section_says():
+    s = copy.deepcopy(DEFAULT)
+    s["trainer"]["parallel"] = {"pp": 2}
+    s["trainer"]["pipeline"] = {"schedule": "gpipe"}
+    for x in derive_trainer_slices(s, ranks=2, layers=2).slices:
+        assert x.config.pipeline == type(x.config.pipeline)()
+
+
+def test_a_vocabulary_tp_does_not_divide_is_padded_up_as_megatron_does():
+    """Found by tests/unit/test_props_slices.py: the planner accepts vocab 50257 at tp 2; the slice refused it."""
+    plan = derive_slices(sweep(model={"vocab_size": 50257}), ranks=2)
+    assert plan.shape["vocab_size"] == 50258 and all(s.config.model.vocab_size == 50258 for s in plan.slices)
+    assert "model.vocab_size 50257 padded to 50258, a multiple of tensor_parallel.size 2" in plan.notes
+    tp4 = derive_slices(sweep(model={"vocab_size": 50257}, tensor_parallel={"size": 4}, parallel={"pp": 2, "dp": 1}),
+                        ranks=4)
+    assert (tp4.tp, tp4.shape["vocab_size"]) == (4, 50260)
+    assert not any("padded" in n for n in derive_slices(sweep(model={"vocab_size": 50256}), ranks=2).notes)
+
+
+def test_on_cuda_tp_comm_overlap_is_kept_for_the_trainer_to_judge_and_dropped_at_tp_1():
+    overlap = {"size": 2, "sequence_parallel": True, "comm_overlap": True}
+    selective = sweep(tensor_parallel=overlap)
+    selective["baseline"] = {"recompute.kind": "selective"}
+    with pytest.raises(ValueError, match="^tensor_parallel.comm_overlap: the blocks it compiles cannot trace "
+                                         "recompute.kind=selective"):
+        derive_slices(selective, ranks=2, device="cuda")
+    fallback = derive_slices(sweep(tensor_parallel={**overlap, "size": 4}, parallel={"pp": 2, "dp": 1}), ranks=2,
+                             device="cuda")
+    assert fallback.tp == 1 and not any(s.config.tensor_parallel.comm_overlap for s in fallback.slices)
+    assert all(s.config.run.device == "cuda" for s in fallback.slices)
