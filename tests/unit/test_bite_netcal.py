@@ -127,8 +127,9 @@ def _exact(op: str, hosts: tuple[str, ...], alpha_s: float, bus_Bps: float, size
     ("sendrecv", ("a", "a", "b", "b"), 1)])
 def test_the_fit_recovers_exact_parameters(op, hosts, per_node):
     (f,) = netcal.fit([_exact(op, hosts, 7e-6, 120e9)]).values()
-    assert f.latency_us == pytest.approx(7.0, rel=1e-9) and f.bw_GBps == pytest.approx(120.0 / per_node, rel=1e-9)
-    assert f.rel_rms < 1e-9
+    # The latency is read from the small sizes (per hop), where the bandwidth term still adds a trace: 0.2%.
+    assert f.latency_us == pytest.approx(7.0, rel=2e-3) and f.bw_GBps == pytest.approx(120.0 / per_node, rel=1e-3)
+    assert f.rel_rms < 1e-3
 
 
 def test_a_negative_latency_is_refitted_as_bandwidth_alone():
@@ -160,7 +161,8 @@ def test_the_cluster_file_keeps_the_base_and_records_each_source():
     fits = netcal.fit([table])
     base = {"cluster": {"peak_tflops": 989}, "efficiency": {"mfu_prior": 0.4, "dp_bw_eff": 0.7}}
     doc = netcal.cluster_file(base, fits, "2026-12-02T00:00:00Z", "steptune netcal x")
-    assert doc["efficiency"] == {"mfu_prior": 0.4, "dp_bw_eff": 0.7, "tp_bw_eff": 1.0}
+    # Measured links carry all of one node's traffic (tp, dp and pp): their efficiencies become 1 (docs/planner.md).
+    assert doc["efficiency"] == {"mfu_prior": 0.4, "dp_bw_eff": 1.0, "tp_bw_eff": 1.0, "pp_bw_eff": 1.0}
     assert doc["cluster"]["peak_tflops"] == 989
     prov = doc["provenance"]
     assert (prov["date"], prov["command"]) == ("2026-12-02T00:00:00Z", "steptune netcal x")
@@ -168,7 +170,8 @@ def test_the_cluster_file_keeps_the_base_and_records_each_source():
     assert prov["sources"] == [{"file": "all_reduce_perf.txt", "collective": "all_reduce", "tier": "intra_node",
                                 "ranks": 8, "nodes": 1, "ranks_per_node": 8, "devices": ["GPU"],
                                 "sizes_bytes": [8, 256 << 20], "points": 6,
-                                "fit_rel_rms": round(fits["intra_node"].rel_rms, 4)}]
+                                "fit_rel_rms": round(fits["intra_node"].rel_rms, 4),
+                                "tier_fit_rel_rms": round(fits["intra_node"].rel_rms, 4)}]
 
 
 def test_the_cluster_file_records_each_tables_fit_error_to_four_places():
