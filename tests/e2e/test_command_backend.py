@@ -40,7 +40,7 @@ def _pids_running(marker: str) -> list[int]:
     return out
 
 
-def test_a_hung_command_is_killed_with_its_process_group(tmp_path):
+def test_a_hung_command_is_killed_with_its_process_group(ray_address, tmp_path):
     hang = tmp_path / "hang_forever.py"
     hang.write_text("import time\nwhile True:\n    time.sleep(1)\n")
     cfg = load_sweep(EXAMPLE, [f"storage.results_dir={tmp_path / 'results'}", f"command.argv=[{hang}]",
@@ -67,7 +67,7 @@ def test_a_hung_command_is_killed_with_its_process_group(tmp_path):
         runner.close()
 
 
-def test_a_command_sweep_records_judges_and_exports_what_ran(tmp_path):
+def test_a_command_sweep_records_judges_and_exports_what_ran(ray_address, tmp_path):
     """The whole path on the local Ray, steptune's trainer through torchrun as a black box on 2 ranks: the sweep
     loop, ledger, Optuna, MLflow; the loss-curve gate (a legitimate layout passes, a seeded maths change fails);
     the export of the exact command line."""
