@@ -15,8 +15,8 @@ How it decides (docs/search.md#one-answer):
   figures; one never run in a round, by its median over the baseline's median (unpaired, said so).
 - **The baseline** a relative target scales is the median of all its runs, not one run.
 - **Tie set.** The leader (lowest figure) and every config it cannot be told apart from: for two configs with
-  ``min_common_rounds`` rounds in common, the bootstrap confidence interval of the median of their per-round
-  ratio; they differ when its lower end is above ``1 + threshold``. Fewer common rounds: their intervals
+  ``MIN_COMMON_ROUNDS`` rounds in common, the bootstrap confidence interval of the geometric mean of their
+  per-round ratio; they differ when its lower end is above ``1 + threshold``. Fewer common rounds: their intervals
   (min/max of their runs, or a single run widened by the assumed spread) overlap within the threshold.
 - **Winner.** Of the tie set's configs whose figure is within ``threshold`` of the leader's (practically equal
   by the point estimate, not merely not told apart by a noisy interval), by the tie-break the summary states:
@@ -107,15 +107,18 @@ def counts(r: TrialRecord) -> bool:
             and isinstance(t, (int, float)) and math.isfinite(t) and t > 0)
 
 
-def ci_median(values: Sequence[float], confidence: float, resamples: int) -> tuple[float, float]:
-    """Percentile bootstrap interval of the median (fixed seed, sorted input: order does not matter)."""
-    v = np.sort(np.asarray(values, dtype=float))
+def ci_ratio(values: Sequence[float], confidence: float, resamples: int) -> tuple[float, float]:
+    """Percentile bootstrap interval of the geometric mean of positive ratios (or times), as Criterion.rs
+    bootstraps its estimates; fixed seed on sorted input, so the order of the values does not matter. The
+    geometric mean, not the median: with the 3-4 rounds a sweep affords, a bootstrap of the median spans the
+    whole [min, max] and would call nearly everything a tie."""
+    v = np.log(np.sort(np.asarray(values, dtype=float)))
     if len(v) == 1:
-        return float(v[0]), float(v[0])
+        return float(np.exp(v[0])), float(np.exp(v[0]))
     rng = np.random.default_rng(0)
-    meds = np.median(v[rng.integers(0, len(v), size=(resamples, len(v)))], axis=1)
+    means = v[rng.integers(0, len(v), size=(resamples, len(v)))].mean(axis=1)
     a = (1 - confidence) / 2
-    return float(np.quantile(meds, a)), float(np.quantile(meds, 1 - a))
+    return float(np.exp(np.quantile(means, a))), float(np.exp(np.quantile(means, 1 - a)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -286,7 +289,7 @@ def decide(records: Sequence[TrialRecord], target: Any, rule: SettleRule = RULE)
             ratio, interval = 1.0, _runs_interval([t / baseline_s for t in runs[k]], spread, rec.predicted)
         elif paired:
             ratio = statistics.median(paired)
-            interval = ci_median(paired, rule.confidence, rule.resamples) if len(paired) > 1 else \
+            interval = ci_ratio(paired, rule.confidence, rule.resamples) if len(paired) > 1 else \
                 _runs_interval(paired, spread, rec.predicted)
         else:
             ratio = statistics.median(runs[k]) / scale
@@ -338,9 +341,8 @@ def _differs(c: ConfigFigure, leader: ConfigFigure, rule: SettleRule) -> bool:
         return c.ratio > leader.ratio  # a prediction repeats exactly: only an equal one ties
     common = sorted(set(c.by_round) & set(leader.by_round))
     if len(common) >= MIN_COMMON_ROUNDS:
-        d = [math.log(c.by_round[n] / leader.by_round[n]) for n in common]
-        lo, _ = ci_median(d, rule.confidence, rule.resamples)
-        return lo > math.log1p(rule.threshold)
+        lo, _ = ci_ratio([c.by_round[n] / leader.by_round[n] for n in common], rule.confidence, rule.resamples)
+        return lo > 1 + rule.threshold
     return c.interval[0] > leader.interval[1] * (1 + rule.threshold)
 
 
@@ -357,7 +359,7 @@ def _verdict(win: ConfigFigure, target: Any, baseline_s: float | None, rule: Set
         n = 1
     else:
         vals = list(win.runs)
-        lo, hi = ci_median(vals, rule.confidence, rule.resamples) if len(vals) > 1 else \
+        lo, hi = ci_ratio(vals, rule.confidence, rule.resamples) if len(vals) > 1 else \
             _runs_interval(vals, rule.single_run_spread, False)
         point, n = statistics.median(vals), len(vals)
     if hi <= target_s:
@@ -380,7 +382,10 @@ def _settling(by_figure: Sequence[ConfigFigure], ties: Sequence[ConfigFigure], w
     if win.predicted:
         return (), True, None
     undecided = verdict.state == UNDECIDED
-    cands = [c for c in [*ties[:rule.top_k], by_figure[0]] if not c.is_baseline]
+    # A config that entered the rounds stays until it has min_rounds paired runs: one or two noisy rounds must not
+    # drop the truly best config on the strength of an assumed spread.
+    started = [c for c in by_figure if 0 < len(c.paired) < rule.min_rounds]
+    cands = [c for c in [*ties[:rule.top_k], by_figure[0], *started] if not c.is_baseline]
     cands = [c for i, c in enumerate(cands) if c not in cands[:i]]
     short = [c for c in cands if len(c.paired) < rule.min_rounds]
     if short:

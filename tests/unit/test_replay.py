@@ -54,11 +54,14 @@ def test_settling_runs_rounds_and_drops_a_lucky_sample():
 
 
 def test_configs_the_landscape_cannot_separate_are_declared_a_tie_not_a_wrong_single_winner():
-    # "a" and "b" are the same speed within 0.5%, well inside their own run-to-run noise.
-    rows = _rows({"base": [0.200, 0.210, 0.190], "a": [0.100, 0.104, 0.097, 0.101], "b": [0.101, 0.098, 0.103, 0.100]})
+    # "b" is truly 3% slower than "a", inside their own run-to-run noise (about 30%): over many seeds the answer
+    # is a tie of both, or "a" alone, never "b" named alone as if certain.
+    rows = _rows({"base": [0.2, 0.22, 0.18], "a": [0.09, 0.10, 0.11, 0.12], "b": [0.093, 0.103, 0.113, 0.124]})
     land = SimpleNamespace(rows=rows)
-    ties, _ = R.declare({"base": [0.2], "a": [0.1], "b": [0.1005]}, land, random.Random(1), base="base")
-    assert sorted(ties) == ["a", "b"]
+    answers = [R.declare({"base": [0.2], "a": [0.1], "b": [0.103]}, land, random.Random(seed), base="base")[0]
+               for seed in range(12)]
+    assert all(sorted(t) == ["a", "b"] or t == ["a"] for t in answers), answers
+    assert sum(len(t) == 2 for t in answers) >= 6  # mostly a declared tie
 
 
 def test_the_sweep_summary_reports_the_same_decision_from_a_ledger():
