@@ -172,3 +172,177 @@ def test_a_baseline_that_is_no_run_leaves_the_figures_unscaled():
 
 
 REL_HALF = Target(relative_to_baseline=0.5)
+
+
+# ---- tie set and winner ---------------------------------------------------------------------------------
+
+
+def test_intervals_a_threshold_apart_tie_and_beyond_it_differ():
+    # Two runs each: their intervals are their min/max. 0.503 starts within 1% of the leader's 0.500; 0.506 not.
+    ledger = [line(0, 1.0), line(1, 0.500), confirm(1, 0.500), line(2, 0.503), confirm(2, 0.503),
+              line(3, 0.506), confirm(3, 0.506)]
+    a = A.decide(ledger, NONE)
+    assert [c.trial for c in a.ties] == [1, 2]
+
+
+def test_two_common_rounds_are_judged_by_their_paired_ratio_not_their_intervals():
+    # Trial 2 is 10% slower than trial 1 in both rounds, but the rounds drift against the baseline, so their
+    # intervals overlap: the per-round ratio tells them apart.
+    ledger = [line(0, 1.0), line(1, 0.5), line(2, 0.55)]
+    ledger += rounds({0: [1.0, 1.0], 1: [0.5, 0.6], 2: [0.55, 0.66]})
+    a = A.decide(ledger, NONE)
+    assert [c.trial for c in a.ties] == [1]
+
+
+def test_a_config_exactly_at_the_threshold_over_the_leader_is_in_the_band_and_wins_the_tie_break():
+    base = {"mbs": 1, "pp": 2}
+    p1, p2 = {"mbs": 2, "pp": 1}, {"mbs": 2, "pp": 2}
+    ledger = [line(0, 1.0, params=base), line(1, 0.5, params=p1), line(2, 0.505, params=p2)]
+    a = A.decide(ledger, NONE)
+    assert a.leader.trial == 1 and a.winner.trial == 2
+
+
+def test_an_unknown_peak_memory_loses_the_memory_tie_break():
+    ledger = [line(0, 1.0), line(1, 0.500, params={"mbs": 3}, mem=None), line(2, 0.501, params={"mbs": 5})]
+    a = A.decide(ledger, NONE)
+    assert a.winner.trial == 2 and a.winner.peak_memory_bytes == 1000.0
+
+
+def test_predictions_tie_only_when_equal_and_a_prediction_beside_a_run_is_judged_by_intervals():
+    a = A.decide([pred(0, 1.0), pred(1, 0.5), pred(2, 0.5), pred(3, 0.5005)], NONE)
+    assert [c.trial for c in a.ties] == [1, 2] and fig(a, 3).interval == (0.5005, 0.5005)
+    assert a.settled and a.contenders == () and a.why_unsettled is None
+    assert a.winner.describe() == "predicted ~500.0 ms"
+    b = A.decide([line(0, 1.0), line(1, 0.5), pred(2, 0.5005)], NONE)
+    assert [c.trial for c in b.ties] == [1, 2]
+
+
+# ---- target verdict ------------------------------------------------------------------------------------------
+
+
+WINNER_RUNS = [0.4, 0.45, 0.5, 0.52, 0.55, 0.6, 0.7]  # at confidence 0.6 the interval is (0.50, 0.55)
+SIXTY = A.SettleRule(confidence=0.6)
+
+
+def _absolute(target_s: float, rule=SIXTY):
+    ledger = [line(0, 1.0), line(1, WINNER_RUNS[0])] + [confirm(1, t, n) for n, t in enumerate(WINNER_RUNS[1:], 1)]
+    return A.decide(ledger, Target(step_time_s=target_s), rule).target
+
+
+def test_an_absolute_target_is_judged_by_the_bootstrap_interval_of_the_winners_runs():
+    V = A.TargetVerdict
+    assert _absolute(1.0) == V(A.MET, 1.0, (0.5, 0.55), None, False)
+    assert _absolute(0.55) == V(A.MET, 0.55, (0.5, 0.55), None, False)  # the whole interval at the target
+    assert _absolute(0.1) == V(A.NOT_MET, 0.1, (0.5, 0.55), None, False)
+    # At its lower end: undecided; (0.025 / 0.02)^2 * 7 runs = 10.9 -> 4 more rounds.
+    assert _absolute(0.5) == V(A.UNDECIDED, 0.5, (0.5, 0.55), 4, False)
+    assert _absolute(0.546).more_rounds == 1
+    assert _absolute(0.52) == V(A.UNDECIDED, 0.52, (0.5, 0.55), None, False)  # on the target: no rounds decide it
+
+
+def test_an_absolute_target_widens_a_single_run_by_the_declared_spread():
+    ledger = [line(0, 1.0), line(1, 0.5)]
+    v = A.decide(ledger, Target(step_time_s=2.0), A.SettleRule(single_run_spread=0.2)).target
+    assert v.state == A.MET and v.interval_s == pytest.approx((0.45, 0.55)) and not v.paired
+
+
+def test_an_absolute_target_is_not_judged_on_paired_figures():
+    ledger = [line(0, 2.0), line(1, 1.0)] + rounds({0: [2.0, 2.0, 2.0], 1: [0.9, 1.0, 1.1]})
+    v = A.decide(ledger, Target(step_time_s=0.5)).target
+    assert v.state == A.NOT_MET and not v.paired and v.interval_s == A.ci_median([1.0, 0.9, 1.0, 1.1], 0.9, 2000)
+
+
+def test_a_relative_target_is_judged_on_the_paired_interval_times_the_baseline_median():
+    ledger = [line(0, 2.0), line(1, 1.0)] + rounds({0: [2.0, 2.0, 2.0], 1: [0.9, 1.0, 1.1]})
+    a = A.decide(ledger, Target(relative_to_baseline=0.48))
+    assert a.winner.interval == pytest.approx((0.45, 0.55))
+    v = a.target
+    assert v.state == A.UNDECIDED and v.paired and v.target_s == pytest.approx(0.96)
+    assert v.interval_s == pytest.approx((0.9, 1.1))
+    assert v.more_rounds == 16  # 3 rounds x (0.1 / 0.04)^2 = 18.75 -> 19
+    assert a.seconds_of(a.winner) == pytest.approx(1.0)
+    assert A.decide(ledger, Target(relative_to_baseline=0.6)).target == A.TargetVerdict(
+        A.MET, pytest.approx(1.2), (pytest.approx(0.9), pytest.approx(1.1)), None, True)
+    assert A.decide(ledger, Target(relative_to_baseline=0.4)).target.paired is True
+
+
+def test_a_relative_target_before_any_round_is_judged_on_absolute_runs():
+    ledger = [line(0, 2.0), line(1, 1.0)]
+    v = A.decide(ledger, Target(relative_to_baseline=0.6), A.SettleRule(single_run_spread=0.2)).target
+    assert v == A.TargetVerdict(A.MET, pytest.approx(1.2), (pytest.approx(0.9), pytest.approx(1.1)), None, False)
+
+
+def test_no_target_is_its_own_verdict():
+    a = A.decide([line(0, 1.0), line(1, 0.5)], NONE)
+    assert a.target == A.TargetVerdict(A.NO_TARGET, None, None, None, False)
+    assert not a.meets(PARAMS[1])
+
+
+def test_the_baseline_as_winner_is_judged_on_its_paired_figures():
+    ledger = [line(0, 2.0), line(1, 2.5)] + rounds({0: [2.0, 2.2, 1.8], 1: [2.5, 2.6, 2.4]})
+    a = A.decide(ledger, Target(relative_to_baseline=1.0))
+    assert a.winner.is_baseline and a.winner.paired == (1.0, 1.0, 1.0)
+    assert a.target.paired and a.target.target_s == pytest.approx(2.0)
+
+
+def test_meets_reads_each_configs_own_figure_against_the_target():
+    ledger = [line(0, 2.0), line(1, 1.0), line(2, 1.5)] + rounds(
+        {0: [2.0, 2.0, 2.0], 1: [0.9, 1.0, 1.1], 2: [1.4, 1.5, 1.6]})
+    a = A.decide(ledger, Target(relative_to_baseline=0.6))
+    assert a.meets(PARAMS[1]) and not a.meets(PARAMS[2]) and not a.meets({"mbs": 99})
+    assert a.seconds_of(fig(a, 2)) == pytest.approx(1.5)
+    b = A.decide(ledger, Target(step_time_s=1.05))
+    assert b.meets(PARAMS[1]) and b.seconds_of(fig(b, 1)) == pytest.approx(1.0)  # median run, not paired
+
+
+def test_no_config_at_all_still_states_the_target_and_the_rule():
+    rule = A.SettleRule(top_k=2)
+    a = A.decide([line(1, 0.5, status="failed")], Target(step_time_s=0.5), rule)
+    assert a.target == A.TargetVerdict(A.UNDECIDED, 0.5, None, None, False)
+    assert a.ties == () and a.contenders == () and a.rounds == 0 and a.noise.baseline_runs == 0
+    assert a.rule is rule and a.baseline is None
+
+
+# ---- settling ------------------------------------------------------------------------------------------------
+
+
+def test_a_tie_after_the_minimum_rounds_keeps_both_in_the_rounds():
+    ledger = [line(0, 1.0), line(1, 0.5), line(2, 0.5)] + rounds(
+        {0: [1.0, 1.0, 1.0], 1: [0.5, 0.5, 0.5], 2: [0.5, 0.5, 0.5]})
+    a = A.decide(ledger, NONE, A.SettleRule(top_k=1))
+    assert a.rounds == 3 and a.rule.top_k == 1
+    assert not a.settled and set(a.contenders) == {A.key_of(PARAMS[1]), A.key_of(PARAMS[2])}
+    assert a.why_unsettled == "trials 1, 2 cannot be told apart"
+
+
+def test_a_clear_leader_short_of_rounds_is_not_called_a_tie():
+    a = A.decide([line(0, 1.0), line(1, 0.4), line(2, 0.9)], NONE)
+    assert a.contenders == (A.key_of(PARAMS[1]),)
+    assert a.why_unsettled == "trials 1 have fewer than winner.min_rounds=3 paired runs"
+
+
+def test_the_baseline_alone_runs_again_while_its_own_verdict_is_undecided():
+    ledger = [line(0, 1.0), confirm(0, 1.1), confirm(0, 0.9, 2)]
+    a = A.decide(ledger, Target(step_time_s=1.0))
+    assert a.winner.is_baseline and a.target.state == A.UNDECIDED
+    assert not a.settled and a.contenders == () and a.why_unsettled == "the target verdict is undecided"
+    b = A.decide(ledger, Target(step_time_s=5.0))
+    assert b.target.state == A.MET and b.settled and b.why_unsettled is None
+
+
+# ---- noise -------------------------------------------------------------------------------------------------
+
+
+def test_noise_of_remeasured_and_paired_configs_and_of_the_load():
+    ledger = [line(0, 1.0), line(1, 0.5)] + rounds({0: [1.0, 1.0, 1.0], 1: [0.4, 0.5, 0.6]})
+    for r, load in zip(ledger, [1.0, 2.0, 6.0, 3.0, 0.5, 1.5, 4.0, 5.0]):
+        r.load_1m = load
+    n = A.decide(ledger, NONE).noise
+    assert n == A.Noise(baseline_runs=4, baseline_spread=0.0, remeasured_spread=pytest.approx(0.4),
+                        paired_spread=pytest.approx(0.4), load_median=2.5, load_max=6.0)
+
+
+def test_noise_of_single_and_double_runs():
+    n = A.decide([line(0, 2.0), line(1, 0.4), confirm(1, 0.6)], NONE).noise
+    assert n.baseline_runs == 1 and n.baseline_spread is None and n.remeasured_spread == pytest.approx(0.4)
+    assert n.paired_spread is None and n.load_median is None and n.load_max is None
