@@ -163,6 +163,16 @@ def test_a_line_without_a_parity_verdict_counts_only_when_nothing_was_measured()
     assert a.winner.trial == 1
 
 
+def test_a_measured_trial_without_a_parity_verdict_is_no_candidate_and_a_measured_baseline_needs_none():
+    from tests.unit.test_parity import make_result
+
+    base, unchecked = line(0, 1.0), line(1, 0.5)
+    base.result = unchecked.result = make_result([2.0, 1.9])
+    unchecked.parity = None
+    a = A.decide([base, unchecked, line(2, 0.7)], NONE)
+    assert a.baseline.trial == 0 and [c.trial for c in a.ranked] == [2, 0]
+
+
 def test_a_baseline_that_is_no_run_leaves_the_figures_unscaled():
     ledger = [line(0, 0.0), line(1, 0.5)]
     a = A.decide(ledger, REL_HALF)
@@ -178,8 +188,8 @@ REL_HALF = Target(relative_to_baseline=0.5)
 
 
 def test_intervals_a_threshold_apart_tie_and_beyond_it_differ():
-    # Two runs each: their intervals are their min/max. 0.503 starts within 1% of the leader's 0.500; 0.506 not.
-    ledger = [line(0, 1.0), line(1, 0.500), confirm(1, 0.500), line(2, 0.503), confirm(2, 0.503),
+    # Two runs each: their intervals are their min/max. 0.505 starts within 1% of the leader's 0.500; 0.506 not.
+    ledger = [line(0, 1.0), line(1, 0.500), confirm(1, 0.500), line(2, 0.505), confirm(2, 0.505),
               line(3, 0.506), confirm(3, 0.506)]
     a = A.decide(ledger, NONE)
     assert [c.trial for c in a.ties] == [1, 2]
@@ -212,7 +222,9 @@ def test_predictions_tie_only_when_equal_and_a_prediction_beside_a_run_is_judged
     a = A.decide([pred(0, 1.0), pred(1, 0.5), pred(2, 0.5), pred(3, 0.5005)], NONE)
     assert [c.trial for c in a.ties] == [1, 2] and fig(a, 3).interval == (0.5005, 0.5005)
     assert a.settled and a.contenders == () and a.why_unsettled is None
-    assert a.winner.describe() == "predicted ~500.0 ms"
+    assert a.winner.describe() == "predicted ~500.0 ms" and a.baseline.interval == (1.0, 1.0)
+    v = A.decide([pred(0, 1.0), pred(1, 0.5)], Target(step_time_s=0.5)).target
+    assert v == A.TargetVerdict(A.MET, 0.5, (0.5, 0.5), None, False)
     b = A.decide([line(0, 1.0), line(1, 0.5), pred(2, 0.5005)], NONE)
     assert [c.trial for c in b.ties] == [1, 2]
 
@@ -286,13 +298,17 @@ def test_the_baseline_as_winner_is_judged_on_its_paired_figures():
 
 
 def test_meets_reads_each_configs_own_figure_against_the_target():
-    ledger = [line(0, 2.0), line(1, 1.0), line(2, 1.5)] + rounds(
-        {0: [2.0, 2.0, 2.0], 1: [0.9, 1.0, 1.1], 2: [1.4, 1.5, 1.6]})
+    # Round 2 ran slow for everyone: paired, trial 1 is 0.5 of the baseline (1.0 s at its 2.0 s median) and
+    # trial 2 0.8 (1.6 s); their median runs are 1.25 s and 2.0 s.
+    ledger = [line(0, 2.0), line(1, 1.6), line(2, 3.0)] + rounds(
+        {0: [2.0, 3.0, 2.0], 1: [1.0, 1.5, 1.0], 2: [1.6, 2.4, 1.6]})
     a = A.decide(ledger, Target(relative_to_baseline=0.6))
+    assert a.target.paired and a.target.target_s == pytest.approx(1.2)
     assert a.meets(PARAMS[1]) and not a.meets(PARAMS[2]) and not a.meets({"mbs": 99})
-    assert a.seconds_of(fig(a, 2)) == pytest.approx(1.5)
-    b = A.decide(ledger, Target(step_time_s=1.05))
-    assert b.meets(PARAMS[1]) and b.seconds_of(fig(b, 1)) == pytest.approx(1.0)  # median run, not paired
+    assert a.seconds_of(fig(a, 1)) == pytest.approx(1.0) and a.seconds_of(fig(a, 2)) == pytest.approx(1.6)
+    b = A.decide(ledger, Target(step_time_s=1.1))  # an absolute target: the median run, not the paired figure
+    assert not b.target.paired and b.seconds_of(fig(b, 1)) == pytest.approx(1.25) and not b.meets(PARAMS[1])
+    assert A.decide(ledger, Target(step_time_s=1.25)).meets(PARAMS[1])  # at the target: meets it
 
 
 def test_no_config_at_all_still_states_the_target_and_the_rule():
@@ -301,6 +317,12 @@ def test_no_config_at_all_still_states_the_target_and_the_rule():
     assert a.target == A.TargetVerdict(A.UNDECIDED, 0.5, None, None, False)
     assert a.ties == () and a.contenders == () and a.rounds == 0 and a.noise.baseline_runs == 0
     assert a.rule is rule and a.baseline is None
+
+
+def test_a_baseline_measured_only_by_its_reruns_still_scales_a_relative_target():
+    # Its own line is no run (step time 0), so no config can be named, but its re-run is the baseline's median.
+    a = A.decide([line(0, 0.0), confirm(0, 2.0)], REL_HALF)
+    assert a.winner is None and a.baseline_s == 2.0 and a.target.target_s == 1.0
 
 
 # ---- settling ------------------------------------------------------------------------------------------------
@@ -346,3 +368,13 @@ def test_noise_of_single_and_double_runs():
     n = A.decide([line(0, 2.0), line(1, 0.4), confirm(1, 0.6)], NONE).noise
     assert n.baseline_runs == 1 and n.baseline_spread is None and n.remeasured_spread == pytest.approx(0.4)
     assert n.paired_spread is None and n.load_median is None and n.load_max is None
+
+
+def test_two_paired_rounds_or_two_runs_are_bootstrapped_too():
+    # At a confidence near 0.5 the bootstrap interval of two values is narrower than their min/max.
+    rule = A.SettleRule(confidence=0.51)
+    ledger = [line(0, 1.0), line(1, 0.5)] + rounds({0: [1.0, 1.0], 1: [0.3, 0.9]})
+    a = A.decide(ledger, NONE, rule)
+    assert a.winner.interval == A.ci_median([0.3, 0.9], 0.51, 2000) and a.winner.interval != (0.3, 0.9)
+    v = A.decide([line(0, 2.0), line(1, 0.3), confirm(1, 0.9)], Target(step_time_s=5.0), rule).target
+    assert v.interval_s == A.ci_median([0.3, 0.9], 0.51, 2000) and v.interval_s != (0.3, 0.9)
