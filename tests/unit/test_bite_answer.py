@@ -84,6 +84,13 @@ def test_the_bootstrap_interval_is_deterministic_and_narrows_with_the_confidence
     assert first[0] <= lo < hi <= first[1] and (lo, hi) != first
 
 
+def test_the_bootstrap_interval_is_pinned_by_its_fixed_seed():
+    # The same interval on every machine and every call: a changed seed or percentile shows here.
+    values = [0.31, 0.42, 0.47, 0.5, 0.53, 0.58, 0.66, 0.8, 0.45, 0.61, 0.38, 0.72]
+    assert A.ci_median(values, 0.9, 100) == pytest.approx((0.4595, 0.61))
+    assert A.ci_median(values, 0.9, 2000) == pytest.approx((0.45, 0.61))
+
+
 # ---- figures ----------------------------------------------------------------------------------------------
 
 
@@ -202,6 +209,13 @@ def test_two_common_rounds_are_judged_by_their_paired_ratio_not_their_intervals(
     ledger += rounds({0: [1.0, 1.0], 1: [0.5, 0.6], 2: [0.55, 0.66]})
     a = A.decide(ledger, NONE)
     assert [c.trial for c in a.ties] == [1]
+
+
+def test_a_paired_ratio_exactly_at_the_threshold_is_a_tie():
+    # 0.625 / 0.5 = 1.25 exactly, and log(1.25) == log1p(0.25): not more than the threshold above the leader.
+    ledger = [line(0, 1.0), line(1, 0.5), line(2, 0.625)] + rounds({0: [1.0, 1.0], 1: [0.5, 0.5], 2: [0.625, 0.625]})
+    a = A.decide(ledger, NONE, A.SettleRule(threshold=0.25))
+    assert [c.trial for c in a.ties] == [1, 2]
 
 
 def test_a_config_exactly_at_the_threshold_over_the_leader_is_in_the_band_and_wins_the_tie_break():
