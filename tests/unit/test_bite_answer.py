@@ -8,9 +8,11 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.records import answer as A
-from orchestrator.records.record import ParityVerdict
 from orchestrator.search.target import Target
 from tests.unit.test_answer import NONE, PARAMS, line, rounds
+from tests.unit.test_parity import make_result
+
+REL_HALF = Target(relative_to_baseline=0.5)
 
 
 def test_a_tie_of_equally_changed_configs_goes_to_the_lower_peak_memory():
@@ -171,8 +173,6 @@ def test_a_line_without_a_parity_verdict_counts_only_when_nothing_was_measured()
 
 
 def test_a_measured_trial_without_a_parity_verdict_is_no_candidate_and_a_measured_baseline_needs_none():
-    from tests.unit.test_parity import make_result
-
     base, unchecked = line(0, 1.0), line(1, 0.5)
     base.result = unchecked.result = make_result([2.0, 1.9])
     unchecked.parity = None
@@ -187,8 +187,6 @@ def test_a_baseline_that_is_no_run_leaves_the_figures_unscaled():
     assert a.winner.ratio == 0.5
     assert a.target == A.TargetVerdict(A.UNDECIDED, None, None, None, False)
 
-
-REL_HALF = Target(relative_to_baseline=0.5)
 
 
 # ---- tie set and winner ---------------------------------------------------------------------------------
