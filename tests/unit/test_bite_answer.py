@@ -5,6 +5,9 @@ Each gives a ledger and the answer it must get; the ledgers are built with test_
 
 from __future__ import annotations
 
+import math
+import statistics
+
 import pytest
 
 from orchestrator.records import answer as A
@@ -72,25 +75,25 @@ def test_a_config_key_does_not_depend_on_the_order_of_its_params():
 
 
 def test_the_bootstrap_interval_of_one_value_is_that_value_and_of_two_spans_them():
-    assert A.ci_median([0.7], 0.9, 2000) == (0.7, 0.7)
-    lo, hi = A.ci_median([3.0, 1.0], 0.9, 2000)
-    assert lo == 1.0 and hi == 3.0
+    assert A.ci_ratio([0.7], 0.9, 2000) == (0.7, 0.7)
+    lo, hi = A.ci_ratio([3.0, 1.0], 0.9, 2000)  # resamples of two: both low, mixed or both high
+    assert lo == pytest.approx(1.0) and hi == pytest.approx(3.0)
 
 
 def test_the_bootstrap_interval_is_deterministic_and_narrows_with_the_confidence():
     values = [0.4, 0.45, 0.5, 0.52, 0.55, 0.6, 0.7]
-    first = A.ci_median(values, 0.9, 2000)
-    assert A.ci_median(list(reversed(values)), 0.9, 2000) == first
-    assert A.ci_median(values, 0.9, 2000) == pytest.approx((0.45, 0.6))
-    lo, hi = A.ci_median(values, 0.6, 2000)
+    first = A.ci_ratio(values, 0.9, 2000)
+    assert A.ci_ratio(list(reversed(values)), 0.9, 2000) == first
+    assert A.ci_ratio(values, 0.9, 2000) == pytest.approx((0.46995, 0.57826), rel=1e-4)
+    lo, hi = A.ci_ratio(values, 0.6, 2000)
     assert first[0] <= lo < hi <= first[1] and (lo, hi) != first
 
 
 def test_the_bootstrap_interval_is_pinned_by_its_fixed_seed():
     # The same interval on every machine and every call: a changed seed or percentile shows here.
     values = [0.31, 0.42, 0.47, 0.5, 0.53, 0.58, 0.66, 0.8, 0.45, 0.61, 0.38, 0.72]
-    assert A.ci_median(values, 0.9, 100) == pytest.approx((0.4595, 0.61))
-    assert A.ci_median(values, 0.9, 2000) == pytest.approx((0.45, 0.61))
+    assert A.ci_ratio(values, 0.9, 100) == pytest.approx((0.46445, 0.58777), rel=1e-4)
+    assert A.ci_ratio(values, 0.9, 2000) == pytest.approx((0.45590, 0.58654), rel=1e-4)
 
 
 # ---- figures ----------------------------------------------------------------------------------------------
@@ -134,7 +137,7 @@ def test_paired_figures_one_round_is_widened_several_are_bootstrapped_and_the_ba
     assert a.baseline.paired == (1.0,) * 5 and a.rounds == 5
     t1 = fig(a, 1)
     assert t1.paired == pytest.approx((0.4, 0.45, 0.5, 0.55, 0.65)) and t1.ratio == pytest.approx(0.5)
-    assert t1.interval == A.ci_median(t1.paired, 0.6, 2000) and t1.interval != (0.4, 0.65)
+    assert t1.interval == A.ci_ratio(t1.paired, 0.6, 2000) and t1.interval != (0.4, 0.65)
     # One round: widened by the assumed spread, the median of the three re-measured (0.2, 0.5 and 0).
     assert fig(a, 2).interval == pytest.approx((0.5 * 0.9, 0.5 * 1.1))
 
@@ -255,13 +258,18 @@ def _absolute(target_s: float, rule=SIXTY):
 
 def test_an_absolute_target_is_judged_by_the_bootstrap_interval_of_the_winners_runs():
     V = A.TargetVerdict
-    assert _absolute(1.0) == V(A.MET, 1.0, (0.5, 0.55), None, False)
-    assert _absolute(0.55) == V(A.MET, 0.55, (0.5, 0.55), None, False)  # the whole interval at the target
-    assert _absolute(0.1) == V(A.NOT_MET, 0.1, (0.5, 0.55), None, False)
-    # At its lower end: undecided; (0.025 / 0.02)^2 * 7 runs = 10.9 -> 4 more rounds.
-    assert _absolute(0.5) == V(A.UNDECIDED, 0.5, (0.5, 0.55), 4, False)
-    assert _absolute(0.546).more_rounds == 1
-    assert _absolute(0.52) == V(A.UNDECIDED, 0.52, (0.5, 0.55), None, False)  # on the target: no rounds decide it
+    lo, hi = A.ci_ratio(WINNER_RUNS, SIXTY.confidence, SIXTY.resamples)
+    assert lo < statistics.median(WINNER_RUNS) < hi
+    assert _absolute(1.0) == V(A.MET, 1.0, (lo, hi), None, False)
+    assert _absolute(hi) == V(A.MET, hi, (lo, hi), None, False)  # the whole interval at the target
+    assert _absolute(lo * 0.99) == V(A.NOT_MET, lo * 0.99, (lo, hi), None, False)
+    # Inside the interval: undecided, with about (half width / gap)^2 x runs - runs more rounds.
+    near_hi = hi - 0.001
+    gap, half, n = abs(statistics.median(WINNER_RUNS) - near_hi), (hi - lo) / 2, len(WINNER_RUNS)
+    assert _absolute(near_hi) == V(A.UNDECIDED, near_hi, (lo, hi), max(1, math.ceil(n * (half / gap) ** 2) - n),
+                                   False)
+    on = statistics.median(WINNER_RUNS)
+    assert _absolute(on) == V(A.UNDECIDED, on, (lo, hi), None, False)  # on the target: no rounds decide it
 
 
 def test_an_absolute_target_widens_a_single_run_by_the_declared_spread():
@@ -273,20 +281,21 @@ def test_an_absolute_target_widens_a_single_run_by_the_declared_spread():
 def test_an_absolute_target_is_not_judged_on_paired_figures():
     ledger = [line(0, 2.0), line(1, 1.0)] + rounds({0: [2.0, 2.0, 2.0], 1: [0.9, 1.0, 1.1]})
     v = A.decide(ledger, Target(step_time_s=0.5)).target
-    assert v.state == A.NOT_MET and not v.paired and v.interval_s == A.ci_median([1.0, 0.9, 1.0, 1.1], 0.9, 2000)
+    assert v.state == A.NOT_MET and not v.paired and v.interval_s == A.ci_ratio([1.0, 0.9, 1.0, 1.1], 0.9, 2000)
 
 
 def test_a_relative_target_is_judged_on_the_paired_interval_times_the_baseline_median():
     ledger = [line(0, 2.0), line(1, 1.0)] + rounds({0: [2.0, 2.0, 2.0], 1: [0.9, 1.0, 1.1]})
     a = A.decide(ledger, Target(relative_to_baseline=0.48))
-    assert a.winner.interval == pytest.approx((0.45, 0.55))
+    lo, hi = A.ci_ratio([0.45, 0.5, 0.55], a.rule.confidence, a.rule.resamples)
+    assert a.winner.interval == pytest.approx((lo, hi))
     v = a.target
     assert v.state == A.UNDECIDED and v.paired and v.target_s == pytest.approx(0.96)
-    assert v.interval_s == pytest.approx((0.9, 1.1))
-    assert v.more_rounds == 16  # 3 rounds x (0.1 / 0.04)^2 = 18.75 -> 19
+    assert v.interval_s == pytest.approx((2 * lo, 2 * hi))  # times the baseline's median, 2.0 s
+    assert v.more_rounds == max(1, math.ceil(3 * ((hi - lo) / 0.04) ** 2) - 3)  # (half width / gap)^2 x 3 rounds
     assert a.seconds_of(a.winner) == pytest.approx(1.0)
     assert A.decide(ledger, Target(relative_to_baseline=0.6)).target == A.TargetVerdict(
-        A.MET, pytest.approx(1.2), (pytest.approx(0.9), pytest.approx(1.1)), None, True)
+        A.MET, pytest.approx(1.2), (pytest.approx(2 * lo), pytest.approx(2 * hi)), None, True)
     assert A.decide(ledger, Target(relative_to_baseline=0.4)).target.paired is True
 
 
@@ -387,6 +396,6 @@ def test_two_paired_rounds_or_two_runs_are_bootstrapped_too():
     rule = A.SettleRule(confidence=0.51)
     ledger = [line(0, 1.0), line(1, 0.5)] + rounds({0: [1.0, 1.0], 1: [0.3, 0.9]})
     a = A.decide(ledger, NONE, rule)
-    assert a.winner.interval == A.ci_median([0.3, 0.9], 0.51, 2000) and a.winner.interval != (0.3, 0.9)
+    assert a.winner.interval == A.ci_ratio([0.3, 0.9], 0.51, 2000) and a.winner.interval != (0.3, 0.9)
     v = A.decide([line(0, 2.0), line(1, 0.3), confirm(1, 0.9)], Target(step_time_s=5.0), rule).target
-    assert v.interval_s == A.ci_median([0.3, 0.9], 0.51, 2000) and v.interval_s != (0.3, 0.9)
+    assert v.interval_s == A.ci_ratio([0.3, 0.9], 0.51, 2000) and v.interval_s != (0.3, 0.9)
