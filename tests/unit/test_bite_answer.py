@@ -399,3 +399,26 @@ def test_two_paired_rounds_or_two_runs_are_bootstrapped_too():
     assert a.winner.interval == A.ci_ratio([0.3, 0.9], 0.51, 2000) and a.winner.interval != (0.3, 0.9)
     v = A.decide([line(0, 2.0), line(1, 0.3), confirm(1, 0.9)], Target(step_time_s=5.0), rule).target
     assert v.interval_s == A.ci_ratio([0.3, 0.9], 0.51, 2000) and v.interval_s != (0.3, 0.9)
+
+
+def test_a_verdict_whose_interval_starts_exactly_at_the_target_is_undecided():
+    lo, _ = A.ci_ratio(WINNER_RUNS, SIXTY.confidence, SIXTY.resamples)
+    assert _absolute(lo).state == A.UNDECIDED  # not "not met": part of the interval is at the target
+
+
+def _started(k_rounds: int) -> A.Answer:
+    """Trial 2 far slower than trial 1 (told apart by intervals), with ``k_rounds`` paired runs of its own."""
+    ledger = [line(0, 1.0), line(1, 0.40), line(2, 0.90)]
+    for k in range(1, 4):
+        ledger += [line(0, 1.0, "repeat", k, k), line(1, 0.40, "repeat", k, k)]
+        if k <= k_rounds:
+            ledger.append(line(2, 0.90, "repeat", k, k))
+    return A.decide(ledger, Target(), A.SettleRule(min_rounds=3))
+
+
+def test_a_config_that_entered_the_rounds_stays_until_it_has_min_rounds_paired_runs():
+    key = A.key_of(PARAMS[2])
+    assert key in _started(1).contenders  # one paired run: it stays, though its interval is far off
+    assert key in _started(2).contenders
+    assert key not in _started(3).contenders  # min_rounds reached and told apart: it leaves
+    assert _started(0).settled  # never in a round and told apart: it does not enter
