@@ -170,7 +170,9 @@ def write_trial_artifacts(out: Path, record: TrialRecord) -> None:
         (out / "timeline_error.txt").write_text(f"timeline skipped: {record.detail_error}\n")
     result = record.result.to_dict()  # whole: its config, summary and detail back in
     (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
-    if any(r.spans for r in record.result.ranks):
+    # A settling re-run's timeline is its config's again (the trial's own child run has it); drawing one per round
+    # costs the driver a matplotlib render between runs, time the sweep's duty cycle pays.
+    if record.kind is not Kind.REPEAT and any(r.spans for r in record.result.ranks):
         try:
             render_timeline(result, out / "timeline.png")
         except Exception as exc:  # a picture must never cost the trial its run; say why it is missing

@@ -25,16 +25,7 @@ def _cfg(**overrides) -> TrainConfig:
                                                                            for k, v in overrides.items()}))
 
 
-def flag(args: list[str], name: str) -> list[str] | None:
-    """Values following ``name`` (None when the flag is absent, [] for a switch)."""
-    if name not in args:
-        return None
-    i = args.index(name) + 1
-    out = []
-    while i < len(args) and not args[i].startswith("--"):
-        out.append(args[i])
-        i += 1
-    return out
+from orchestrator.frameworks.megatron_flags import flag_values as flag  # noqa: E402  (one definition)
 
 
 # (overrides, flags that must be present with these values, flags that must be absent, note fragments)
