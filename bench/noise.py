@@ -210,9 +210,12 @@ def main() -> None:
             else:
                 run.contradictions.append(f"sweep exited {rc}: {output.strip().splitlines()[-1:]}")
             runs.append(run)
-            print(f"{mode} {i}: rc {rc}, {wall:.0f} s, winner trial {run.winner_trial}, ties {len(run.ties)}, "
-                  f"verdict {run.verdict}, duty {_pct(run.duty_cycle)}, contradictions {run.contradictions}",
-                  flush=True)
+            # Each run as it finishes: a long bench stopped early keeps what it measured.
+            with open(Path(args.out).with_suffix(".runs.jsonl"), "a") as f:
+                f.write(json.dumps(run.__dict__) + "\n")
+            print(f"{mode} {i}: rc {rc}, {wall:.0f} s, winner trial {run.winner_trial} {run.winner}, "
+                  f"ties {len(run.ties)}, verdict {run.verdict}, duty {_pct(run.duty_cycle)}, "
+                  f"contradictions {run.contradictions}", flush=True)
             shutil.rmtree(where.parent, ignore_errors=True)
     text = table(runs, cmd, args.neighbours)
     Path(args.out).write_text(text)
