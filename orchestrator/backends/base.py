@@ -167,3 +167,12 @@ def within_budget(status: str, reason: str | None, peak_bytes: float | None,
     if status == "ok" and budget_gb and (peak_bytes or 0) > budget_gb * 2**30:
         return "infeasible", f"memory: peak {fmt_bytes(peak_bytes)} > resources.memory_budget_gb={budget_gb:g} GiB"
     return status, reason
+
+
+def check_measured_sweep(cfg: Any) -> None:
+    """What every backend that measures real trials refuses at load (one definition for ray and command)."""
+    if cfg.planner:
+        raise ValueError("planner: only used with backend: model")
+    if "parallel.dp" in cfg.space.override_keys:
+        raise ValueError("space.params.parallel.dp: dp is derived per trial as resources.world_size / "
+                         "(tensor_parallel.size x parallel.pp)")

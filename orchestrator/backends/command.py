@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from orchestrator import REPO_ROOT
-from orchestrator.backends.base import Judgement, RunOutcome, within_budget
+from orchestrator.backends.base import Judgement, RunOutcome, check_measured_sweep, within_budget
 from orchestrator.backends.command_runner import Launch, NodeGroup, NodeRun
 from orchestrator.backends.ray_trials import TrainerConfigs
 from orchestrator.frameworks import blackbox_parity
@@ -61,11 +61,7 @@ class CommandTrials:
     prefilter = None
 
     def __init__(self, cfg: Any):
-        if cfg.planner:
-            raise ValueError("planner: only used with backend: model")
-        if "parallel.dp" in cfg.space.override_keys:
-            raise ValueError("space.params.parallel.dp: dp is derived per trial as resources.world_size / "
-                             "(tensor_parallel.size x parallel.pp)")
+        check_measured_sweep(cfg)
         c, res = cfg.command, cfg.resources
         self.framework: Framework = framework(c.framework)
         if not c.argv or not all(isinstance(a, str) for a in c.argv):

@@ -13,7 +13,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from orchestrator.parity import verdict as parity
 from orchestrator.parity import trust
-from orchestrator.backends.base import Judgement, RunOutcome, SpaceConfigs, within_budget
+from orchestrator.backends.base import (Judgement, RunOutcome, SpaceConfigs, check_measured_sweep,
+                                        within_budget)
 from orchestrator.backends.ray_runner import RayRunner, connect
 from orchestrator.plan.calibration import load_calibration
 from orchestrator.plan.prefilter import SETTINGS, MemoryPrefilter, load_cluster
@@ -90,11 +91,7 @@ class RayTrials:
     confirms = True
 
     def __init__(self, cfg: Any):
-        if cfg.planner:
-            raise ValueError("planner: only used with backend: model")
-        if "parallel.dp" in cfg.space.override_keys:
-            raise ValueError("space.params.parallel.dp: dp is derived per trial as resources.world_size / "
-                             "(tensor_parallel.size x parallel.pp)")
+        check_measured_sweep(cfg)
         self.cfg = cfg
         res = cfg.resources
         self.configs = TrainerConfigs(cfg.trainer, cfg.baseline, res.world_size, res.gpus_per_rank)
