@@ -367,7 +367,10 @@ def summary_text(s: dict[str, Any]) -> str:
         out.append(f"this run: {s['sweep_wall_s']:.1f} s wall, of which {s['startup_s']:.1f} s starting the backend"
                    + (f"; worker group formed {s['group_builds']}x (warm across trials, rebuilt only after a "
                       f"failure)" if s.get("group_builds") else "")
-                   + (f"; driver work between trials (Optuna, MLflow) median {book:.2f} s" if book is not None else "")
+                   + (f"; driver work between trials (Optuna, handing MLflow its calls) median {book:.2f} s"
+                      if book is not None else "")
+                   + (f"; MLflow mirror {s['mirror_s']:.1f} s on its lowest-priority thread"
+                      if s.get("mirror_s") is not None else "")
                    + duty)
     p = s["pruning"]
     if p["pruned"] or p["probe_cost_s"]:

@@ -18,6 +18,7 @@ from orchestrator.records import query as Q
 from orchestrator.records import answer as A
 from orchestrator.sweep import timeouts
 from orchestrator.review import report
+from orchestrator.review.mirror import Mirror
 from orchestrator.backends import RunOutcome
 from orchestrator.records.ledger import Ledger
 from orchestrator.records.record import Metrics, ParityVerdict, TrialRecord
@@ -63,8 +64,12 @@ class Recorder:
         self.best_trial: int | None = None
         """The answer last mirrored to MLflow's parent (its tags and ``best_step_time_s``)."""
         self.bookkeeping: list[float] = []
-        """Driver seconds per finished trial after its ledger line (Optuna, MLflow): not in any trial's wall."""
+        """Driver seconds per finished trial after its ledger line (Optuna, handing MLflow its calls): not in any
+        trial's wall."""
         self.tracker, self.parent = self._open_tracker()
+        self.mirror = Mirror(self._mirror_call, background=cfg.tracking.background)
+        """MLflow calls, in order, on a lowest-priority thread (orchestrator.review.mirror): the next run starts
+        without waiting for them; ``flush`` before the summary is trusted to be in the store."""
 
     def answer(self) -> A.Answer:
         """The answer of the records so far (orchestrator.records.answer)."""
@@ -97,11 +102,12 @@ class Recorder:
             return None, None
 
     def track(self, what: str, *args: Any) -> None:
+        """Mirror to MLflow (``Tracker.<what>(parent, *args)``); a failure is logged, the ledger has the line."""
         if self.tracker is not None:
-            try:
-                getattr(self.tracker, what)(self.parent, *args)
-            except Exception as e:
-                log.warning("MLflow %s failed (%s: %s); the ledger has it", what, type(e).__name__, e)
+            self.mirror.submit(what, *args)
+
+    def _mirror_call(self, what: str, *args: Any) -> None:
+        getattr(self.tracker, what)(self.parent, *args)
 
     # ---- a finished job -----------------------------------------------------------------------
 
@@ -143,7 +149,6 @@ class Recorder:
         if job.trial is not None:
             self.tell(job.trial, record, same)
             job.told = True
-        # MLflow synchronously, between trials: in the background it would take CPU from the ranks being measured.
         answer = self.answer()
         best = answer.winner
         # The parent's history plots the lowest figure so far (monotone while the search runs); the answer's own

@@ -259,7 +259,8 @@ def test_a_driver_killed_after_a_ledger_line_is_reconciled_on_resume(tmp_path):
     client = MlflowClient(cfg.mlflow_uri)
     exp = client.get_experiment_by_name("steptune").experiment_id
     (parent,) = client.search_runs([exp], "tags.\"steptune.role\" = 'parent'")
-    assert parent.info.status == "RUNNING" and len(_children(client, parent.info.run_id)) == 2  # line 3 lost
+    # Line 3 never reached MLflow; lines 1-2 may not have either (the mirror runs behind the ledger, on its thread)
+    assert parent.info.status == "RUNNING" and len(_children(client, parent.info.run_id)) <= 2
 
     summary, lines = run_sweep(cfg)  # resume
     runs = _children(client, parent.info.run_id)
