@@ -369,8 +369,8 @@ def summary_text(s: dict[str, Any]) -> str:
                       f"failure)" if s.get("group_builds") else "")
                    + (f"; driver work between trials (Optuna, handing MLflow its calls) median {book:.2f} s"
                       if book is not None else "")
-                   + (f"; MLflow mirror {s['mirror_s']:.1f} s on its lowest-priority thread"
-                      if s.get("mirror_s") is not None else "")
+                   + (f"; MLflow logging in the driver's own time {s['mirror_inline_s']:.1f} s"
+                      if s.get("mirror_inline_s") else "")
                    + duty)
     p = s["pruning"]
     if p["pruned"] or p["probe_cost_s"]:

@@ -55,7 +55,7 @@ def tracking_uri_for(results_dir: Path) -> str:
 
 class Tracker:
     def __init__(self, tracking_uri: str, experiment: str, artifact_root: Path | None = None) -> None:
-        self.tracking_uri = tracking_uri
+        self.tracking_uri, self.experiment_name = tracking_uri, experiment
         # Resolved once: a relative sqlite path means the cwd of *now*, whatever cwd ui_command runs in.
         self._db = db = _sqlite_path(tracking_uri)
         if db is not None:

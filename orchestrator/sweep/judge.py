@@ -43,6 +43,11 @@ class Job:
     told: bool = False
 
 
+MIRROR_GRACE_S = 30.0
+"""A sweep stopped by an error waits this long for the MLflow mirror to make progress before the driver logs what
+the store misses itself (orchestrator.review.mirror)."""
+
+
 def metrics_of(outcome: RunOutcome) -> Metrics:
     """A measured result's metrics, a prediction's, or none."""
     if outcome.result is not None:
@@ -67,9 +72,10 @@ class Recorder:
         """Driver seconds per finished trial after its ledger line (Optuna, handing MLflow its calls): not in any
         trial's wall."""
         self.tracker, self.parent = self._open_tracker()
-        self.mirror = Mirror(self._mirror_call, background=cfg.tracking.background)
-        """MLflow calls, in order, on a lowest-priority thread (orchestrator.review.mirror): the next run starts
-        without waiting for them; ``flush`` before the summary is trusted to be in the store."""
+        self.mirror = Mirror(self.tracker, self.parent, lambda: self.tracker.reconcile(self.parent, self.records),
+                             background=cfg.tracking.background) if self.tracker is not None else None
+        """MLflow calls, in order, in a lowest-priority process (orchestrator.review.mirror): the next run starts
+        without waiting for them; flushed before the sweep's wall time is taken and before its summary."""
 
     def answer(self) -> A.Answer:
         """The answer of the records so far (orchestrator.records.answer)."""
@@ -103,11 +109,23 @@ class Recorder:
 
     def track(self, what: str, *args: Any) -> None:
         """Mirror to MLflow (``Tracker.<what>(parent, *args)``); a failure is logged, the ledger has the line."""
-        if self.tracker is not None:
+        if self.mirror is not None:
             self.mirror.submit(what, *args)
 
-    def _mirror_call(self, what: str, *args: Any) -> None:
-        getattr(self.tracker, what)(self.parent, *args)
+    def flush_tracking(self) -> None:
+        """Every call so far in the store (the driver takes over from a mirror that fell behind)."""
+        if self.mirror is not None:
+            self.mirror.flush()
+
+    def end_tracking(self, what: str, *args: Any) -> None:
+        """The last call (``finish_sweep``, ``end_sweep``), in the driver once the mirror is done: its arguments
+        (the Optuna study) stay in this process, and the parent's end is never left to a process that may die."""
+        if self.mirror is None:
+            return
+        self.mirror.flush(None if what == "finish_sweep" else MIRROR_GRACE_S)
+        self.mirror.close()
+        self.mirror.background = False
+        self.mirror.submit(what, *args)
 
     # ---- a finished job -----------------------------------------------------------------------
 

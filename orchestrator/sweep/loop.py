@@ -45,9 +45,6 @@ log = logging.getLogger(__name__)
 
 MAX_LOST_IN_A_ROW = 3
 """Runs lost to the cluster (a node, an actor) one after another before the sweep stops instead of re-queuing."""
-MIRROR_GRACE_S = 60.0
-"""A sweep stopped by an error waits this long for the MLflow calls still queued (the parent's end among them);
-what is left then is reconciled from the ledger on the next run."""
 REUSABLE = ("ok", "infeasible", "pruned", "oom", "nan")
 """Statuses a repeated proposal may reuse instead of running again (a crash or timeout may be transient)."""
 
@@ -117,7 +114,7 @@ class Sweep:
         log.info(f"sweep {self.cfg.name}: {self.backend.name} backend on {runner.where if runner else '-'}; "
                  f"target {self.cfg.target.describe(self.baseline_s)}")
         self.drive(runner, t0)
-        self.recorder.mirror.flush()  # a backlog the mirror still holds is this run's time too: waited for here
+        self.recorder.flush_tracking()  # a backlog the MLflow mirror still holds is this run's time too
         wall = time.perf_counter() - t0
         answer = self.answer()
         summary = report.summarize(self.records, self.cfg.target, self.cfg.winner, answer)
@@ -130,11 +127,10 @@ class Sweep:
                        mlflow_ui=self.recorder.tracker.open_hint(self.cfg.name) if self.recorder.tracker else None,
                        group_builds=runner.builds if runner else 0, sweep_wall_s=wall,
                        bookkeeping_median_s=statistics.median(book) if book else None,
-                       mirror_s=self.recorder.mirror.busy_s if self.recorder.tracker else None,
+                       mirror_inline_s=self.recorder.mirror.inline_s if self.recorder.mirror else None,
                        duty_cycle=in_updates / wall if wall > 0 and self.backend.confirms else None)
-        self.recorder.track("finish_sweep", summary, self.study.study, report.table(self.records, answer),
-                            report.by_trial(self.records, answer))
-        self.recorder.mirror.flush()
+        self.recorder.end_tracking("finish_sweep", summary, self.study.study, report.table(self.records, answer),
+                                   report.by_trial(self.records, answer))
         return summary
 
     def start(self) -> Any:
@@ -456,8 +452,7 @@ def run_sweep(cfg: Any) -> tuple[dict, list[TrialRecord]]:
             summary = sweep.run()
         except BaseException as e:  # the MLflow parent must not stay RUNNING: ended FAILED/KILLED with why
             finished.end(session)
-            sweep.recorder.track("end_sweep", e)
-            sweep.recorder.mirror.flush(MIRROR_GRACE_S)
+            sweep.recorder.end_tracking("end_sweep", e)
             raise
         finally:
             sweep.study.release()
