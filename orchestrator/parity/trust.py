@@ -31,7 +31,7 @@ from orchestrator.parity import blame as blame_sentence
 from orchestrator.parity import certify
 from orchestrator.parity import verdict as parity
 from trainer.config import ReplicateDP, TrainConfig, apply_overrides, flatten
-from trainer.knobs import KNOB_SECTIONS, TensorParallel
+from trainer.knobs import KNOB_SECTIONS, BalancedSplit, TensorParallel
 
 CANONICAL = {"parallel.pp": 1, "parallel.dp": 1, "tensor_parallel.size": 1, "pipeline.virtual_stages": 1,
              "data_parallel.kind": "replicate", "data_parallel.overlap_grad_reduce": False, "recompute.kind": "none"}
@@ -96,11 +96,13 @@ def _valid(cfg: TrainConfig, overrides: dict[str, Any]) -> bool:
 
 
 def _split_counts(cfg: TrainConfig) -> list[int]:
-    return [len(s) for s in cfg.stage_layers()]
+    return cfg.pipeline.split.counts(cfg.model.n_layers, cfg.n_stages)
 
 
 def _balanced_counts(cfg: TrainConfig) -> list[int]:
-    return [len(s) for s in _with(cfg, {"pipeline.split": {"kind": "balanced"}}).stage_layers()]
+    # From the split alone: the whole config with a balanced split may be invalid (full recompute of more layers
+    # than a balanced stage holds), and the split is active all the same.
+    return BalancedSplit().counts(cfg.model.n_layers, cfg.n_stages)
 
 
 def _has_buckets(cfg: TrainConfig) -> bool:

@@ -111,6 +111,20 @@ def test_a_knob_section_no_family_holds_is_a_family_of_its_own(monkeypatch):
     assert dict(trust.suspects(full))["recompute"].recompute.kind == "none"
 
 
+def test_a_family_that_cannot_be_set_back_alone_says_why():
+    """A split of 1/3 layers with full recompute of 3: the balanced split (2/2) cannot recompute 3 layers."""
+    from orchestrator.parity.trust import suspects
+
+    base = _cfg(**{"parallel.pp": 2, "pipeline.split": {"kind": "first_last", "first": 1, "last": 3},
+                   "recompute.kind": "full", "recompute.num_layers": 3, "pipeline.schedule": "gpipe",
+                   "batch.micro_batch_size": 8})
+    tried = dict(suspects(base))
+    assert list(tried) == ["parallel.pp", "pipeline.split", "recompute"]
+    assert isinstance(tried["pipeline.split"], str) and tried["pipeline.split"].startswith(
+        "cannot be set back alone: recompute.num_layers=3")
+    assert tried["recompute"].recompute.kind == "none" and tried["parallel.pp"].parallel.pp == 1
+
+
 def test_the_pairs_are_every_two_active_families_in_order_once():
     from orchestrator.parity.trust import pairs
 
