@@ -246,12 +246,21 @@ def pairs(baseline: TrainConfig) -> list[tuple[str, TrainConfig | str]]:
             if within.get(a.name) == b.name or within.get(b.name) == a.name:
                 continue
             name = blame_sentence.pair_name(a.name, b.name)
-            try:
-                first = _with(baseline, a.reset(baseline))
-                out.append((name, _with(first, b.reset(first))))
-            except ValueError as e:
-                out.append((name, f"cannot be set back together: {e}"))
+            out.append((name, _both_back(baseline, a, b)))
     return out
+
+
+def _both_back(baseline: TrainConfig, a: Family, b: Family) -> TrainConfig | str:
+    """The baseline with both families set back, in either order: one alone may leave no valid config (a balanced
+    split cannot hold the recompute of an unbalanced one) while both together do."""
+    errors = []
+    for first, second in ((a, b), (b, a)):
+        try:
+            half = _with(baseline, first.reset(baseline))
+            return _with(half, second.reset(half))
+        except ValueError as e:
+            errors.append(e)
+    return f"cannot be set back together: {errors[0]}"
 
 
 def blame(tried: Sequence[tuple[str, bool | None, str]]) -> str:

@@ -134,3 +134,16 @@ def test_the_pairs_are_every_two_active_families_in_order_once():
     assert [n for n, _ in pairs(base)] == ["parallel.pp + parallel.dp", "parallel.pp + batch.micro_batch_size",
                                           "parallel.pp + recompute", "parallel.dp + batch.micro_batch_size",
                                           "parallel.dp + recompute", "batch.micro_batch_size + recompute"]
+
+
+def test_two_families_are_set_back_together_whichever_must_go_first():
+    """The split alone cannot be set back (a balanced stage holds 2 of the 3 layers recomputed), the recompute
+    alone can; set back together they are a valid layout, whichever family FAMILIES lists first."""
+    from orchestrator.parity.trust import pairs
+
+    base = _cfg(**{"parallel.pp": 2, "pipeline.split": {"kind": "first_last", "first": 1, "last": 3},
+                   "recompute.kind": "full", "recompute.num_layers": 3, "pipeline.schedule": "gpipe",
+                   "batch.micro_batch_size": 8})
+    both = dict(pairs(base))["pipeline.split + recompute"]
+    assert not isinstance(both, str), both
+    assert (both.pipeline.split.kind, both.recompute.kind, both.parallel.pp) == ("balanced", "none", 2)
