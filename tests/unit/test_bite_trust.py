@@ -100,7 +100,8 @@ def test_a_knob_section_no_family_holds_is_a_family_of_its_own(monkeypatch):
     from orchestrator.parity import trust
 
     monkeypatch.setattr(trust, "FAMILIES", tuple(f for f in trust.FAMILIES if f.name != "recompute"))
-    full = _cfg(**{"recompute.kind": "full", "parallel.dp": 2, "batch.micro_batch_size": 4, "data_parallel.bucket_mb": 1e6,
+    full = _cfg(**{"recompute.kind": "full", "parallel.dp": 2, "batch.micro_batch_size": 4,
+                   "data_parallel.bucket_mb": 1e6,
                    "data_parallel.overlap_grad_reduce": False})
     generic = trust.generic_families(full)
     assert [(f.name, f.knobs) for f in generic] == [("recompute", ("recompute.",))]
@@ -159,6 +160,7 @@ def test_a_family_whose_reset_is_never_valid_is_reported_alone_and_in_every_pair
     assert alone["broken"].startswith("cannot be set back alone: ") and alone["recompute"].recompute.kind == "none"
     together = dict(trust.pairs(base))
     assert together["recompute + broken"].startswith("cannot be set back together: ")
+    assert "parallel.dp" in together["recompute + broken"]  # the reason, as the config check gives it
 
 
 # ---- the gate: canonical run, baseline, suspects, trials ----------------------------------------------------------
@@ -358,6 +360,24 @@ def test_bf16_repeats_widen_every_later_judgement_by_the_spread_from_the_first_r
     assert later.tolerance.loss_rel == pytest.approx(REPEAT_FACTOR * s, rel=1e-3)
     assert not later.judge(off(2.2 * floor, **{"parallel.pp": 2}))["passed"]
     # A later canonical run of the whole batch (certified) is judged by the widened tolerance too.
-    canon_cfg = canonical_config(_cfg(**bf16, **{"parallel.dp": 2}))
+    canon_cfg = canonical_config(_cfg(**bf16, **{"parallel.dp": 2, "run.steps": 3, "run.warmup_steps": 1}))
     canon = _result([5.0, 4.9 * (1 + 1.2 * floor), 4.8], **flatten(canon_cfg.to_dict()))
     assert ParityGate(tmp_path / "refs").judge_canonical(canon, [second_of(canon)])["passed"]
+    # So are a later baseline's suspects: 1.2 floor from the anchor agrees, 2.2 floor does not.
+    pp2 = {"parallel.pp": 2, "recompute.kind": "full"}
+    gate = ParityGate(tmp_path / "refs")
+    assert gate.suspects(_cfg(**bf16, **pp2), off(1.2 * floor, **pp2)) == []
+    assert "recompute" in [n for n, _ in gate.suspects(_cfg(**bf16, **pp2), off(2.2 * floor, **pp2))]
+    assert gate.try_suspect("recompute", off(1.2 * floor, **{"parallel.pp": 2}), "") is True
+    assert gate.try_suspect("parallel.pp", off(2.2 * floor, **{"recompute.kind": "full"}), "") is False
+
+
+def test_a_bf16_baseline_beyond_the_floor_passes_when_its_repeats_spread_that_wide(tmp_path):
+    from orchestrator.parity.verdict import DEFAULT_TOLERANCE, REPEAT_FACTOR
+
+    bf16 = {"run.precision": "bf16", "parallel.pp": 2}
+    floor = DEFAULT_TOLERANCE["bf16"].loss_rel
+    off = lambda k: _result([5.0, 4.9 * (1 + k), 4.8], **bf16)  # noqa: E731
+    gate = _gate(tmp_path, **{"run.precision": "bf16"})
+    assert gate.judge_baseline(off(1.2 * floor), [off(1.5 * floor)])["passed"]
+    assert gate.tolerance.loss_rel == pytest.approx(REPEAT_FACTOR * 0.3 * floor, rel=1e-2)
