@@ -31,7 +31,7 @@ from orchestrator.parity import blame as blame_sentence
 from orchestrator.parity import certify
 from orchestrator.parity import verdict as parity
 from trainer.config import ReplicateDP, TrainConfig, apply_overrides, flatten
-from trainer.knobs import KNOB_SECTIONS, TensorParallel
+from trainer.knobs import KNOB_SECTIONS, BalancedSplit, TensorParallel
 
 CANONICAL = {"parallel.pp": 1, "parallel.dp": 1, "tensor_parallel.size": 1, "pipeline.virtual_stages": 1,
              "data_parallel.kind": "replicate", "data_parallel.overlap_grad_reduce": False, "recompute.kind": "none"}
@@ -96,11 +96,13 @@ def _valid(cfg: TrainConfig, overrides: dict[str, Any]) -> bool:
 
 
 def _split_counts(cfg: TrainConfig) -> list[int]:
-    return [len(s) for s in cfg.stage_layers()]
+    return cfg.pipeline.split.counts(cfg.model.n_layers, cfg.n_stages)
 
 
 def _balanced_counts(cfg: TrainConfig) -> list[int]:
-    return [len(s) for s in _with(cfg, {"pipeline.split": {"kind": "balanced"}}).stage_layers()]
+    # From the split alone: the whole config with a balanced split may be invalid (full recompute of more layers
+    # than a balanced stage holds), and the split is active all the same.
+    return BalancedSplit().counts(cfg.model.n_layers, cfg.n_stages)
 
 
 def _has_buckets(cfg: TrainConfig) -> bool:
@@ -244,12 +246,21 @@ def pairs(baseline: TrainConfig) -> list[tuple[str, TrainConfig | str]]:
             if within.get(a.name) == b.name or within.get(b.name) == a.name:
                 continue
             name = blame_sentence.pair_name(a.name, b.name)
-            try:
-                first = _with(baseline, a.reset(baseline))
-                out.append((name, _with(first, b.reset(first))))
-            except ValueError as e:
-                out.append((name, f"cannot be set back together: {e}"))
+            out.append((name, _both_back(baseline, a, b)))
     return out
+
+
+def _both_back(baseline: TrainConfig, a: Family, b: Family) -> TrainConfig | str:
+    """The baseline with both families set back, in either order: one alone may leave no valid config (a balanced
+    split cannot hold the recompute of an unbalanced one) while both together do."""
+    errors = []
+    for first, second in ((a, b), (b, a)):
+        try:
+            half = _with(baseline, first.reset(baseline))
+            return _with(half, second.reset(half))
+        except ValueError as e:
+            errors.append(e)
+    return f"cannot be set back together: {errors[0]}"
 
 
 def blame(tried: Sequence[tuple[str, bool | None, str]]) -> str:
