@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> None:
         + " ".join(f"--ledger {p}" for p in args.ledger) + f" --points {args.points}"
         + (f" --first {args.first} --every {args.every}`" if args.points == "grid" else "`"),
         "",
-        f"{len(lines)} ledger lines; a refit {where}, each warm-started from the one before (fit: {', '.join(guided.FIT)}); best of {args.repeats} per refit.",
+        f"{len(lines)} ledger lines; a refit {where}, each warm-started from the one before "
+        f"(fit: {', '.join(guided.FIT)}); best of {args.repeats} per refit.",
         "",
         "| refit | records | layouts | before ms | after ms | speedup | max rel diff fitted | "
         "max rel diff predicted step |",
