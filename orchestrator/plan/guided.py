@@ -224,8 +224,9 @@ class GuidedSampler(BaseSampler):
         if i < self.n_first:
             pick = next((p for p in self._first if key_of(p) not in done), None)
         elif self.every and (i - self.n_first) % self.every == 0:
-            # Refitted here, to every ledger line so far: a fit costs ~1 ms per record per solver step, so it
-            # is done when the ranking is used (the first picks use the prior's).
+            # Refitted here, to every ledger line so far: a fit costs a fraction of a ms per parallel layout
+            # measured per solver step (calibrate evaluates a layout's records in one call), so it is done
+            # when the ranking is used (the first picks use the prior's).
             if self.do_refit:
                 self.ranking.refit(self.lines())
             pick = next(iter(self.ranked(exclude=done)), None)

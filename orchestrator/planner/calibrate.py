@@ -131,6 +131,58 @@ def _evaluate(cfg: PlanConfig, knobs: Any, eff: Efficiency) -> dict[str, float]:
     return t
 
 
+@dataclass(frozen=True)
+class _Batch:
+    """Records the vectorised model can evaluate in one call: their configs give equal ``Consts``."""
+
+    cfg: PlanConfig
+    """Any one of them: what ``Consts.of`` reads of it, the others share."""
+    knobs: Any
+    """``encode`` of all of them, in ``rows``' order."""
+    rows: np.ndarray
+    """Their positions among the prepared records."""
+
+
+def _batches(cfgs: Sequence[PlanConfig], eff: Efficiency) -> list[_Batch]:
+    """``cfgs`` grouped so that each group shares one ``Consts``: ``step_times`` and ``stage_memory`` take
+    everything else per config (``Knobs``), so a group's predictions are the per-record ones, in one call.
+
+    Keyed by ``Consts.of`` itself (model, cluster, job, layout, sequence parallelism, precision...), so two
+    records are merged only when the model cannot tell their fixed context apart. The key is built with one
+    efficiency, but it holds for any: the link bandwidths are the only fields it scales, and which link a group
+    uses follows from fields in the key (t, d, p, gpus_per_node, intra_bw, inter_bw)."""
+    groups: dict[Consts, list[int]] = {}
+    for i, cfg in enumerate(cfgs):
+        groups.setdefault(Consts.of(cfg, eff), []).append(i)
+    return [_Batch(cfgs[rows[0]], encode([cfgs[i] for i in rows]), np.asarray(rows)) for rows in groups.values()]
+
+
+def _evaluate_batch(batch: _Batch, eff: Efficiency, memory: bool = True) -> dict[str, np.ndarray]:
+    """``_evaluate`` for every record of ``batch`` at once: metric -> (len(rows),). ``memory``: False leaves
+    out ``peak_memory_bytes``: a time-only fit (the guided refit) would pay ``stage_memory`` for nothing."""
+    C = Consts.of(batch.cfg, eff)
+    t = dict(step_times(C, batch.knobs))
+    t["backward_incl_recompute_s"] = t["backward_s"] + t["recompute_s"]
+    t["pp_idle_s"] = t["pp_bubble_s"] + t["pp_p2p_s"]
+    if memory:
+        t["peak_memory_bytes"] = stage_memory(C, batch.knobs)["peak"]
+    return t
+
+
+@dataclass(frozen=True)
+class _Terms:
+    """One batch's residual terms of one metric: ``weight * (pred[rows] - value) / denom`` at ``at``."""
+
+    metric: str
+    rows: np.ndarray
+    """Rows of the batch."""
+    at: np.ndarray
+    """Positions in the residual vector."""
+    value: np.ndarray
+    weight: np.ndarray
+    denom: np.ndarray
+
+
 def _to_z(name: str, x: float) -> float:
     lo, hi = BOUNDS[name]
     if hi <= 1.0:
@@ -179,33 +231,69 @@ def calibrate(records: Sequence[Mapping[str, Any]], base_cfg: PlanConfig, fit: S
         if not meas:
             raise ValueError(f"records[{i}]: no measured metric; give any of {', '.join(METRICS)}")
         cfg = _config(rec, base_cfg, i)
-        prepared.append((cfg, encode([cfg]), meas))
+        prepared.append((cfg, meas))
     eff0 = base_cfg.efficiency
     z0 = np.array([_to_z(n, getattr(eff0, n)) for n in names])
 
     def eff_of(z: np.ndarray) -> Efficiency:
         return dataclasses.replace(eff0, **{n: _from_z(n, v) for n, v in zip(names, z)})
 
+    batches, terms, n_meas = _residual_terms(prepared, weights, eff0)
+
     def residuals(z: np.ndarray) -> np.ndarray:
         eff = eff_of(z)
-        out = []
-        for cfg, knobs, meas in prepared:
-            pred = _evaluate(cfg, knobs, eff)
-            floor = 0.02 * meas.get("step_time_s", 0.0) or 1e-3
-            for name, value in meas.items():
-                denom = max(abs(value), floor) if name != "peak_memory_bytes" else abs(value)
-                out.append(weights.get(name, 1.0) * (pred[name] - value) / denom)
-        out.extend(prior_weight * (z - z0))
-        return np.asarray(out)
+        out = np.empty(n_meas + len(z))
+        for batch, ts in zip(batches, terms):
+            pred = _evaluate_batch(batch, eff, memory=any(t.metric == "peak_memory_bytes" for t in ts))
+            for t in ts:
+                out[t.at] = t.weight * (pred[t.metric][t.rows] - t.value) / t.denom
+        out[n_meas:] = prior_weight * (z - z0)
+        return out
 
     solver = "scipy.optimize.least_squares" if use_scipy and _scipy_solver() else "levenberg-marquardt (numpy)"
     z = _scipy_solver()(residuals, z0) if solver.startswith("scipy") else _levenberg_marquardt(residuals, z0)
     # Labelled fitted; a caller that solved it from the very timeline it will predict relabels it calibrated.
     eff = dataclasses.replace(eff_of(z), basis="fitted")
-    before = [(_evaluate(c, k, eff0), m) for c, k, m in prepared]
-    after = [(_evaluate(c, k, eff), m) for c, k, m in prepared]
+    before = [(pred, m) for pred, (_, m) in zip(_predict_all(batches, eff0, len(prepared)), prepared)]
+    after = [(pred, m) for pred, (_, m) in zip(_predict_all(batches, eff, len(prepared)), prepared)]
     return Calibration(efficiency=eff, fitted={n: getattr(eff, n) for n in names}, errors_before=_errors(before),
                        errors_after=_errors(after), n_records=len(prepared), solver=solver)
+
+
+def _residual_terms(prepared: Sequence[tuple[PlanConfig, dict[str, float]]], weights: Mapping[str, float],
+                    eff: Efficiency) -> tuple[list[_Batch], list[list[_Terms]], int]:
+    """(the records' batches, each batch's terms, how many there are in all), the terms at the positions the
+    record-by-record loop gave them: record by record, each record's metrics in its own order.
+
+    A time's residual is relative to the larger of it and 2% of the record's step time (else 1 ms), so a
+    near-zero phase cannot dominate; a memory peak's to itself."""
+    batches = _batches([cfg for cfg, _ in prepared], eff)
+    where = {int(i): (b, r) for b, batch in enumerate(batches) for r, i in enumerate(batch.rows)}
+    cells: dict[tuple[int, str], list[tuple[int, int, float, float, float]]] = {}
+    n = 0
+    for i, (_, meas) in enumerate(prepared):
+        b, row = where[i]
+        floor = 0.02 * meas.get("step_time_s", 0.0) or 1e-3
+        for name, value in meas.items():
+            denom = max(abs(value), floor) if name != "peak_memory_bytes" else abs(value)
+            cells.setdefault((b, name), []).append((row, n, value, weights.get(name, 1.0), denom))
+            n += 1
+    terms: list[list[_Terms]] = [[] for _ in batches]
+    for (b, name), cols in cells.items():
+        row, at, value, weight, denom = (np.asarray(c) for c in zip(*cols))
+        terms[b].append(_Terms(name, row.astype(int), at.astype(int), value.astype(float), weight.astype(float),
+                               denom.astype(float)))
+    return batches, terms, n
+
+
+def _predict_all(batches: Sequence[_Batch], eff: Efficiency, n: int) -> list[dict[str, float]]:
+    """``_evaluate`` of every record (n in all, by position), through the batches."""
+    out: list[dict[str, float]] = [{} for _ in range(n)]
+    for batch in batches:
+        pred = _evaluate_batch(batch, eff)
+        for r, i in enumerate(batch.rows):
+            out[i] = {k: float(v[r]) for k, v in pred.items()}
+    return out
 
 
 def _scipy_solver() -> Callable | None:
