@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import queue
 import signal
 import time
 from pathlib import Path
@@ -47,7 +48,16 @@ def _serve(uri: str, experiment: str, artifact_root: str | None, parent: str, in
     from orchestrator.review.tracking import Tracker
 
     tracker = Tracker(uri, experiment, Path(artifact_root) if artifact_root else None)
-    while (item := inbox.get()) is not None:
+    driver = mp.parent_process()
+    while True:
+        try:
+            item = inbox.get(timeout=1.0)
+        except queue.Empty:
+            if driver is not None and not driver.is_alive():  # a killed driver: its resume reconciles the rest
+                return
+            continue
+        if item is None:
+            return
         what, args = item
         try:
             getattr(tracker, what)(parent, *args)
