@@ -236,6 +236,9 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="at most this many layouts per space (evenly spread)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/parity_margins.md")
     parser.add_argument("--render-only", action="store_true", help="write the .md from the .json of the last run")
+    parser.add_argument("--false-alarms-only", action="store_true",
+                        help="keep the last run's calibration, tolerances and seeded bugs (the .json beside --out) and "
+                             "run only the false-alarm sweep of --spaces under its fp32 tolerance")
     args = parser.parse_args()
     if args.render_only:
         doc = json.loads(args.out.with_suffix(".json").read_text())
@@ -243,16 +246,21 @@ def main() -> None:
         return
     t0 = time.time()
     doc: dict[str, Any] = {"headroom": HEADROOM, "steps": STEPS, "precisions": {}}
+    if args.false_alarms_only:
+        doc = json.loads(args.out.with_suffix(".json").read_text())
+        doc["calibration_argv"], doc["calibration_wall_s"] = doc.get("argv", ""), doc["wall_s"]
     refs = {}
-    for precision in args.precisions.split(","):
+    for precision in ([] if args.false_alarms_only else args.precisions.split(",")):
         ref, rows, tol, largest = calibrate(precision)
         refs[precision] = ref
         print(f"{precision}: largest legitimate {largest} -> tolerance {tol}", flush=True)
         doc["precisions"][precision] = {"calibration": rows, "largest": largest, "tolerance": tol.__dict__,
                                         "bugs": seeded(refs, precision, tol)}
-    doc["spaces"] = [false_alarms(ROOT / "search_spaces" / f"{s}.yaml", Tolerance(**doc["precisions"]["fp32"][
+    rerun = {f"{s}.yaml" for s in args.spaces.split(",") if s}
+    kept = [s for s in doc.get("spaces", []) if args.false_alarms_only and s["space"] not in rerun]
+    doc["spaces"] = kept + [false_alarms(ROOT / "search_spaces" / f"{s}.yaml", Tolerance(**doc["precisions"]["fp32"][
         "tolerance"]), args.limit) for s in args.spaces.split(",") if s]
-    doc["wall_s"] = time.time() - t0
+    doc["wall_s"] = time.time() - t0 + (doc.get("calibration_wall_s") or 0.0)
     doc["argv"] = " ".join(sys.argv[1:])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str))
@@ -261,9 +269,17 @@ def main() -> None:
 
 
 def render(doc: dict, argv: str) -> str:
+    def command(a: str) -> str:
+        return f"`.venv/bin/python bench/parity_margins.py{(' ' + a) if a else ''}`"
+
+    if "calibration_argv" in doc:  # a --false-alarms-only run on top of an earlier calibration
+        ran = (f"Commands: {command(doc['calibration_argv'])} (calibration, seeded bugs; "
+               f"{doc['calibration_wall_s'] / 60:.0f} min), then {command(argv)} (the false-alarm sweep; "
+               f"{(doc['wall_s'] - doc['calibration_wall_s']) / 60:.0f} min); CPU gloo on a shared 2-core machine.")
+    else:
+        ran = f"Command: {command(argv)} (CPU gloo, {doc['wall_s'] / 60:.0f} min on a shared 2-core machine)."
     out = ["# Parity margins", "",
-           f"Command: `.venv/bin/python bench/parity_margins.py{(' ' + argv) if argv else ''}` (CPU gloo, "
-           f"{doc['wall_s'] / 60:.0f} min on a shared 2-core machine). Headroom: tolerance = {doc['headroom']:g} x "
+           f"{ran} Headroom: tolerance = {doc['headroom']:g} x "
            f"the largest legitimate difference, rounded up to one significant digit. Tiny GPT "
            f"(tests/distributed/_common.py), {doc['steps']} updates, against its canonical run.", ""]
     for precision, p in doc["precisions"].items():
