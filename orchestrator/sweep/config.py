@@ -164,9 +164,9 @@ class TrackingConfig:
     experiment: str = "steptune"
     """MLflow experiment name."""
     background: bool = True
-    """Mirror on a background thread at the lowest CPU priority (nice 19), so the next run starts at once instead
+    """Mirror from a background process at the lowest CPU priority (nice 19), so the next run starts at once instead
     of waiting ~0.3 s per ledger line for MLflow; the sweep waits for the mirror before it ends. false: each
-    call runs between runs, in the driver's thread."""
+    call runs between runs, in the driver's process."""
 
 
 @dataclass(frozen=True)
