@@ -181,3 +181,59 @@ def test_the_cluster_file_records_each_tables_fit_error_to_four_places():
     assert 0.001 < rms < 0.5 and round(rms, 4) != round(rms, 5)  # a real table: a fit error with more digits
     (source,) = netcal.cluster_file({}, fits, "now", "x")["provenance"]["sources"]
     assert source["fit_rel_rms"] == round(rms, 4)
+
+
+def test_a_table_with_no_latency_bound_point_keeps_the_joint_fits_latency():
+    # Every size is large enough that its bandwidth term is over LATENCY_SHARE of its time: the exact joint fit
+    # stands, latency included (refitting bandwidth alone would drop the latency to 0).
+    t = _exact("all_reduce", ("a",) * 8, 7e-6, 120e9, sizes=(1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20))
+    (f,) = netcal.fit([t]).values()
+    assert f.latency_us == pytest.approx(7.0, rel=1e-6) and f.bw_GBps == pytest.approx(120.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("op, hosts", [("all_reduce", ("a",) * 8), ("sendrecv", ("a", "b"))])
+def test_the_latency_is_the_median_of_the_small_messages_so_one_slow_repetition_does_not_move_it(op, hosts):
+    t = _exact(op, hosts, 7e-6, 120e9, sizes=(8, 16, 32, 64, 128, 1 << 20, 16 << 20, 256 << 20))
+    points = tuple(netcal.Point(p.size_bytes, p.time_us * (3.0 if p.size_bytes == 16 else 1.0), False)
+                   for p in t.points)
+    (f,) = netcal.fit([netcal.Table(t.source, t.collective, t.hosts, t.devices, points)]).values()
+    # A joint least-squares fit would be pulled about 5% up by the 3x slower 16 B message.
+    assert f.latency_us == pytest.approx(7.0, rel=2e-3) and f.bw_GBps == pytest.approx(120.0, rel=1e-3)
+
+
+def test_a_one_rank_table_moves_nothing_and_does_not_change_the_fit():
+    eight = _exact("all_reduce", ("a",) * 8, 7e-6, 120e9)
+    alone = netcal.Table("one_perf.txt", "all_reduce", ("a",), ("GPU",),
+                         tuple(netcal.Point(s, 5.0, False) for s in (8, 16, 32, 64, 128, 256, 512)))
+    (f,) = netcal.fit([eight]).values()
+    (g,) = netcal.fit([eight, alone]).values()
+    assert (g.latency_us, g.bw_GBps) == pytest.approx((f.latency_us, f.bw_GBps), rel=1e-9)
+
+
+def test_the_latency_is_stated_in_microseconds_exactly():
+    # Small sends all at 7 us (one hop each): the latency is exactly that, not within a tolerance.
+    points = [netcal.Point(s, 7.0, False) for s in (1, 2, 4)]
+    points += [netcal.Point(s, 7.0 + s / 100e9 * 1e6, False) for s in (16 << 20, 256 << 20)]
+    (f,) = netcal.fit([netcal.Table("sendrecv_perf.txt", "sendrecv", ("a", "b"), ("GPU",), tuple(points))]).values()
+    assert f.latency_us == pytest.approx(7.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("error, warned", [(0.19, False), (0.2, False), (0.21, True)])
+def test_a_table_is_flagged_only_when_its_fit_error_is_over_twenty_percent(error, warned):
+    table = _exact("all_reduce", ("a",) * 8, 7e-6, 120e9)
+    fit = netcal.TierFit("intra_node", 120.0, 7.0, error, (table,), (error,))
+    assert bool(netcal.fit_warnings({"intra_node": fit})) is warned
+
+
+@pytest.mark.parametrize("cluster, efficiencies", [
+    ({"num_gpus": 16, "gpus_per_node": 16}, ("tp_bw_eff", "dp_bw_eff", "pp_bw_eff")),
+    ({"num_gpus": 16, "gpus_per_node": 8}, ("tp_bw_eff",)),
+    ({"num_gpus": 8}, ("tp_bw_eff", "dp_bw_eff", "pp_bw_eff")),  # eight GPUs per node unless stated
+    ({"num_gpus": 9}, ("tp_bw_eff",)),
+    ({}, ("tp_bw_eff", "dp_bw_eff", "pp_bw_eff")),
+])
+def test_dp_and_pp_traffic_counts_as_measured_by_the_intra_node_tier_only_when_the_job_fits_in_one_node(
+        cluster, efficiencies):
+    assert netcal.measured_efficiencies(cluster, {"intra_node"}) == efficiencies
+    assert netcal.measured_efficiencies(cluster, {"intra_node", "inter_node"}) == ("tp_bw_eff", "dp_bw_eff",
+                                                                                   "pp_bw_eff")

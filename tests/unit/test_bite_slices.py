@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
-from orchestrator.plan.slices import derive_slices, derive_trainer_slices
+from orchestrator.plan.slices import bucket_sizes, derive_any, derive_slices, derive_trainer_slices, dp_comm_slices
 
 from tests.unit.test_profile_slices import SWEEP, sweep
 
@@ -196,3 +197,89 @@ def test_on_cuda_tp_comm_overlap_is_kept_for_the_trainer_to_judge_and_dropped_at
                              device="cuda")
     assert fallback.tp == 1 and not any(s.config.tensor_parallel.comm_overlap for s in fallback.slices)
     assert all(s.config.run.device == "cuda" for s in fallback.slices)
+
+
+@pytest.mark.parametrize("space, base_mb, sizes", [
+    (None, 25.0, [2.5, 25.0]),                                               # no knob: the trainer's and a tenth
+    ({"params": {}}, 8, [0.8, 8.0]),
+    ({"params": {"data_parallel.bucket_mb": {"choices": [10, 1, 10]}}}, 25.0, [1.0, 10.0]),
+    ({"params": {"data_parallel.bucket_mb": {"choices": [4]}}}, 25.0, [0.4, 4.0]),   # at least two sizes
+    ({"params": {"data_parallel.bucket_mb": {"low": 1, "high": 2}}}, 25.0, [1.0, 1.414214, 2.0]),
+    ({"params": {"data_parallel.bucket_mb": {"low": 3, "high": 3}}}, 25.0, [0.3, 3.0]),
+    ({"params": {"data_parallel.bucket_mb": {"low": 3}}}, 25.0, [2.5, 25.0]),  # not a range: as without it
+])
+def test_bucket_sizes_are_the_spaces_choices_or_its_range_else_the_trainers_own_and_never_fewer_than_two(
+        space, base_mb, sizes):
+    assert bucket_sizes(space, base_mb) == sizes
+
+
+def test_each_dp_slice_runs_its_own_bucket_size_and_dp_1_is_refused_naming_the_flag():
+    base = derive_trainer_slices(DEFAULT, ranks=2, layers=2).slices[0].config
+    comm = dp_comm_slices(base, [0.5, 5.0], "x")
+    assert [(c.config.data_parallel.bucket_mb, c.config.data_parallel.overlap_grad_reduce) for c in comm] == \
+        [(0.5, False), (0.5, True), (5.0, False), (5.0, True)]
+    one = derive_trainer_slices(DEFAULT, ranks=1, layers=2).slices[0].config
+    with pytest.raises(ValueError) as e:
+        dp_comm_slices(one, [0.5, 5.0], "x")
+    assert str(e.value) == "--ranks: the data-parallel slices need dp >= 2 (this slice has dp 1)"
+
+
+def test_any_sweep_at_one_rank_and_layer_count_keeps_plain_names_its_counts_and_the_default_steps():
+    plan, _ = derive_any(sweep(), [2], [2])
+    assert [s.name for s in plan.slices] == [s.name for s in derive_slices(sweep(), 2, 2).slices]
+    assert (plan.ranks, plan.layers, plan.slices[0].config.run.steps) == (2, 2, 4)
+    no_backend = sweep()
+    del no_backend["backend"]  # a file without backend: is a model-backend file
+    assert [s.name for s in derive_any(no_backend, [2], [2])[0].slices] == [s.name for s in plan.slices]
+    on_gpu, _ = derive_any(sweep(), [2], [2], device="cuda")
+    assert {s.config.run.device for s in on_gpu.slices} == {"cuda"}
+
+
+@pytest.mark.parametrize("ranks, layers", [([2, 1], [2]), ([2], [1, 2])])
+def test_several_rank_or_layer_counts_name_each_slice_and_merge_the_notes(ranks, layers):
+    plan, _ = derive_any(sweep(), ranks, layers)
+    assert (plan.ranks, plan.layers) == (0, 0)
+    assert [s.name for s in plan.slices] == [f"ranks={r} layers={L} {s.name}" for r in ranks for L in layers
+                                             for s in derive_slices(sweep(), r, L).slices]
+    expected = tuple(dict.fromkeys(n for r in ranks for L in layers for n in derive_slices(sweep(), r, L).notes))
+    assert plan.notes == expected
+
+
+def test_tp_falling_back_at_one_rank_is_noted_even_when_another_rank_count_comes_first():
+    plan, _ = derive_any(sweep(), [2, 1], [2])
+    assert plan.notes[1].startswith("tensor_parallel.size=2 does not divide --ranks 1")
+    assert len(plan.notes) == 2
+
+
+def test_a_ray_sweep_runs_the_steps_asked_with_one_warmup_step_under_the_trainers_own_names():
+    plan, _ = derive_any(DEFAULT, [1, 2], [2], steps=5)
+    assert {(s.config.run.steps, s.config.run.warmup_steps) for s in plan.slices} == {(5, 1)}
+    assert [s.name for s in plan.slices] == [s.name for r in (1, 2)
+                                             for s in derive_trainer_slices(DEFAULT, r, 2, steps=5, warmup=1).slices]
+
+
+def test_dp_slices_come_from_each_rank_counts_first_slice_at_the_most_layers():
+    s = sweep(tensor_parallel={"size": 1}, parallel={"pp": 2, "dp": 4})
+    plan, comm = derive_any(s, [2, 4], [1, 2])
+    assert [c.name.split(" dp ")[0] for c in comm] == ["ranks=2 layers=2"] * 6 + ["ranks=4 layers=2"] * 6
+    firsts = {r: derive_slices(s, r, 2).slices[0].config for r in (2, 4)}
+    for c in comm:
+        r = int(c.name.split()[0].removeprefix("ranks="))
+        assert dataclasses.replace(c.config, data_parallel=firsts[r].data_parallel) == firsts[r]
+
+
+def test_without_a_bucket_knob_the_dp_slices_run_the_trainers_bucket_and_a_tenth():
+    s = sweep(tensor_parallel={"size": 1}, parallel={"pp": 2, "dp": 4})
+    del s["space"]["params"]["data_parallel.bucket_mb"]
+    _, comm = derive_any(s, [2], [2])
+    assert [c.name for c in comm] == [f"ranks=2 layers=2 dp bucket_mb={b} overlap={o}"
+                                      for b in ("2.5", "25") for o in ("off", "on")]
+
+
+def test_derive_any_names_a_model_file_without_a_planner_and_a_shrunk_ray_file():
+    with pytest.raises(ValueError) as e:
+        derive_any({"backend": "model"}, [2], [2])
+    assert str(e.value) == "planner: section missing (a backend: model sweep file needs one)"
+    with pytest.raises(ValueError) as e:
+        derive_any(DEFAULT, [2], [2], shrink=2)
+    assert str(e.value) == "--shrink: only for model-backend files (a ray sweep's trainer: shape is what runs)"

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.parity.verdict import (DEFAULT_TOLERANCE, ReferenceStore, Tolerance, compare, describe_failure,
-                                         layout_key, maths_key, numerics_note, reference_from_result, tolerance_for)
+from orchestrator.parity.verdict import (DEFAULT_TOLERANCE, ReferenceStore, Tolerance, compare, derive_tolerance,
+                                         describe_failure, layout_key, maths_key, numerics_note, reference_from_result,
+                                         tolerance_for)
 from trainer.config import TrainConfig
 
 from tests.unit.test_parity import make_result
@@ -110,6 +111,28 @@ def test_the_store_keeps_its_anchor_and_the_last_seven_under_a_new_directory(tmp
     assert [r["n"] for r in store.runs(runs[0]["maths_key"])] == [0, 3, 4, 5, 6, 7, 8, 9]
     assert json.loads(store.path(runs[0]["maths_key"]).read_text())["maths_key"] == runs[0]["maths_key"]
     assert store.canonical(runs[0]["maths_key"]) is None
+
+
+def test_certifying_marks_the_anchor_and_keeps_every_other_run(tmp_path):
+    store = ReferenceStore(tmp_path / "refs")
+    runs = [dict(_ref(), n=i) for i in range(3)]
+    for r in runs:
+        store.add(r)
+    store.certify(runs[0]["maths_key"], {"passed": True})
+    kept = store.runs(runs[0]["maths_key"])
+    assert [(r["n"], r.get("self_check")) for r in kept] == [(0, {"passed": True}), (1, None), (2, None)]
+
+
+@pytest.mark.parametrize("largest, expected", [
+    # HEADROOM (5) x each metric, rounded up to one significant digit; an exact digit stays.
+    ({"loss_rel": 2.3e-7, "grad_norm_rel": 1.5e-5, "param_rel": 3.5e-5}, (2e-6, 8e-5, 2e-4)),
+    ({"loss_rel": 1.1e-3, "grad_norm_rel": 2.4e-2, "param_rel": 9.1e-2}, (6e-3, 0.2, 0.5)),
+    ({"loss_rel": 4e-7, "grad_norm_rel": 1.0, "param_rel": 0.0}, (2e-6, 5.0, 1e-7)),   # never below 1e-7
+    ({"loss_rel": 1e-9, "grad_norm_rel": 2.02e-3, "param_rel": 1.9e3}, (1e-7, 2e-2, 1e4)),
+])
+def test_a_tolerance_is_five_times_the_largest_legitimate_difference_rounded_up(largest, expected):
+    tol = derive_tolerance(largest, replica_abs=3e-6)
+    assert tol == Tolerance(*expected, replica_abs=3e-6)
 
 
 def _widened(spread: float) -> float:
