@@ -9,9 +9,9 @@ import importlib
 import numpy as np
 import pytest
 
-from orchestrator.planner import (BatchConfig, ClusterSpec, Efficiency, JobSpec, ModelSpec, ParallelConfig, PlanConfig,
-                                  ReplicateDP, TensorParallel, apply_params, predict)
+from orchestrator.planner import Efficiency, PlanConfig, apply_params, predict
 from orchestrator.planner.knobs import Consts, encode
+from tests.unit.test_planner_calibrate import _base  # the same base plan the unbatched fit is tested on
 
 cal = importlib.import_module("orchestrator.planner.calibrate")  # the module (the package exports the function)
 
@@ -43,16 +43,6 @@ OTHER_LAYOUTS = [
     {"tensor_parallel.size": 1, "parallel.dp": 32, "recompute.kind": "selective"},
     {"batch.global_batch": 512},
 ]
-
-
-def _base(eff: Efficiency) -> PlanConfig:
-    return PlanConfig(
-        cluster=ClusterSpec(num_gpus=128, gpus_per_node=8, peak_tflops=989, hbm_gb=80, inter_node_bw_GBps=25),
-        model=ModelSpec(num_layers=16, hidden_size=4096, num_heads=32, vocab_size=50304, flash_attention=True),
-        job=JobSpec(seq_len=4096), efficiency=eff, parallel=ParallelConfig(pp=4, dp=8),
-        tensor_parallel=TensorParallel(size=4), batch=BatchConfig(256),
-        data_parallel=ReplicateDP(overlap_grad_reduce=False, bucket_mb=80.0),
-    )
 
 
 def _configs(eff: Efficiency) -> list[PlanConfig]:
