@@ -247,6 +247,9 @@ def main() -> None:
     t0 = time.time()
     doc: dict[str, Any] = {"headroom": HEADROOM, "steps": STEPS, "precisions": {}}
     if args.false_alarms_only:
+        if not args.out.with_suffix(".json").is_file():
+            raise SystemExit(f"--false-alarms-only: {args.out.with_suffix('.json')} does not exist; run the bench "
+                             f"without --false-alarms-only first (it writes the calibration there)")
         doc = json.loads(args.out.with_suffix(".json").read_text())
         doc["calibration_argv"], doc["calibration_wall_s"] = doc.get("argv", ""), doc["wall_s"]
     refs = {}

@@ -135,6 +135,14 @@ class Mirror:
         self._inline(self.take_over, "reconcile")
         return False
 
+    def last(self, what: str, *args: Any, patience_s: float | None = None) -> None:
+        """The sweep's last call (``finish_sweep``, ``end_sweep``), in the driver once the mirror is done and
+        stopped: its arguments (the Optuna study) stay in this process, and the parent's end is never left to a
+        process that may die."""
+        self.flush(patience_s)
+        self.close()
+        self._inline(lambda: getattr(self.tracker, what)(self.parent, *args), what)
+
     def close(self) -> None:
         """Stop the child (after a flush: it is idle); later calls start a new one."""
         if self._proc is None:

@@ -43,11 +43,6 @@ class Job:
     told: bool = False
 
 
-MIRROR_GRACE_S = 30.0
-"""A sweep stopped by an error waits this long for the MLflow mirror to make progress before the driver logs what
-the store misses itself (orchestrator.review.mirror)."""
-
-
 def metrics_of(outcome: RunOutcome) -> Metrics:
     """A measured result's metrics, a prediction's, or none."""
     if outcome.result is not None:
@@ -117,15 +112,11 @@ class Recorder:
         if self.mirror is not None:
             self.mirror.flush()
 
-    def end_tracking(self, what: str, *args: Any) -> None:
-        """The last call (``finish_sweep``, ``end_sweep``), in the driver once the mirror is done: its arguments
-        (the Optuna study) stay in this process, and the parent's end is never left to a process that may die."""
-        if self.mirror is None:
-            return
-        self.mirror.flush(None if what == "finish_sweep" else MIRROR_GRACE_S)
-        self.mirror.close()
-        self.mirror.background = False
-        self.mirror.submit(what, *args)
+    def end_tracking(self, what: str, *args: Any, grace_s: float | None = None) -> None:
+        """The sweep's last MLflow call, after the mirror (orchestrator.review.mirror.Mirror.last); ``grace_s``:
+        how long a sweep stopped by an error waits for the mirror (default: its queue's length)."""
+        if self.mirror is not None:
+            self.mirror.last(what, *args, patience_s=grace_s)
 
     # ---- a finished job -----------------------------------------------------------------------
 

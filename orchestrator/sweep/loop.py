@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 
 MAX_LOST_IN_A_ROW = 3
 """Runs lost to the cluster (a node, an actor) one after another before the sweep stops instead of re-queuing."""
+MIRROR_GRACE_S = 30.0
+"""A sweep stopped by an error waits at most this long for the MLflow mirror before the driver logs what the store
+misses itself and ends the parent run (orchestrator.review.mirror)."""
 REUSABLE = ("ok", "infeasible", "pruned", "oom", "nan")
 """Statuses a repeated proposal may reuse instead of running again (a crash or timeout may be transient)."""
 
@@ -452,7 +455,7 @@ def run_sweep(cfg: Any) -> tuple[dict, list[TrialRecord]]:
             summary = sweep.run()
         except BaseException as e:  # the MLflow parent must not stay RUNNING: ended FAILED/KILLED with why
             finished.end(session)
-            sweep.recorder.end_tracking("end_sweep", e)
+            sweep.recorder.end_tracking("end_sweep", e, grace_s=MIRROR_GRACE_S)
             raise
         finally:
             sweep.study.release()
