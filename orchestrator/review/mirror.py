@@ -1,7 +1,7 @@
 """The MLflow mirror's worker: tracking calls run in order in one child process at the lowest CPU priority.
 
-Mirroring a ledger line costs ~0.3 s of CPU on a 2-core machine (a timeline picture, a child run's writes to the
-store); done between runs, the training ranks wait for it: ~40 lines are ~15% of the default sweep's wall time.
+Mirroring a ledger line costs up to ~0.2 s on a 2-core machine (a timeline picture, a child run's writes to the
+store; bench/mirror_cost.py); done between runs, the training ranks wait for it: ~8% of the default sweep's wall.
 Handed to this process, the driver submits the next run at once. The process runs at nice 19, so while ranks
 are measured it takes only the CPU they leave idle (Linux's scheduler gives a nice-19 task about 1.5% of a core
 against a nice-0 one): step times stay the ranks' own. A process, not a thread: a low-priority thread holding
@@ -37,7 +37,7 @@ STALL_S = 3.0
 """``flush`` stops waiting when no call finished for this long: the child is getting no CPU, and the driver is
 faster doing the rest itself."""
 PATIENCE_PER_CALL_S = 1.0
-"""How long ``flush`` waits per call still queued (a call costs ~0.3 s on an idle 2-core machine) before the
+"""How long ``flush`` waits per call still queued (a call costs up to ~0.2 s on an idle 2-core machine) before the
 driver takes the rest over."""
 
 

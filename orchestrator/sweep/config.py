@@ -165,7 +165,7 @@ class TrackingConfig:
     """MLflow experiment name."""
     background: bool = True
     """Mirror from a background process at the lowest CPU priority (nice 19), so the next run starts at once instead
-    of waiting ~0.3 s per ledger line for MLflow; the sweep waits for the mirror before it ends. false: each
+    of waiting up to ~0.2 s per ledger line for MLflow; the sweep waits for the mirror before it ends. false: each
     call runs between runs, in the driver's process."""
 
 
