@@ -2,6 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python bench/landscape.py [--config search_spaces/default.yaml] [--repeats 3]
         [--buckets 0.05,0.5,5] [--limit N] [--out bench/results/landscape_default.json]
+        [--refine-top 12 --refine-rounds 20]
 
 Each run goes through the sweep's own path: the ray backend's ``TrainerConfigs`` builds the trainer config from the
 space's params, its ``RayRunner`` runs it on the warm Ray worker group (one actor per rank, gloo),
@@ -10,6 +11,16 @@ a new shuffled order each round, so slow drift of a shared machine spreads over 
 following one. Every run is appended (fsynced) to ``<out>.samples.jsonl`` as it lands; a rerun resumes
 there and measures only what is missing. The JSON (configs, samples, medians, memory, parity, machine,
 date) is rewritten after every round.
+
+**Refining the top.** Three runs per config on a shared machine leave each median a few percent off (a 23% spread
+between runs on the 2-core host), too coarse a truth to judge "within 2% of the best" by. ``--refine-top N
+--refine-rounds R`` re-measures the N fastest configs (by median; by the refined figure when the file has one) in R rounds, each the baseline and those N in
+a new shuffled order, one run each, so every run has a baseline run of its own round beside it (the pairing the
+sweep's settling rounds use). Written to ``<out>.refine.jsonl`` (resumable) and, in the JSON, under ``refined``:
+each config's runs by round and its paired ratio (its time over the baseline's in the same round; geometric
+mean over the rounds, the median beside it). The
+replay (bench/replay.py) takes a refined config's truth from that ratio and draws a settling round as one of these
+rounds, every config's run from the same round, so the drift a round shares reaches the decision as it would.
 
 A continuous param (the default space's ``data_parallel.bucket_mb``) cannot be enumerated: it takes the
 ``--buckets`` values (default 0.05, 0.5, 5 MB: the range's ends and its geometric middle), written into the
@@ -146,11 +157,94 @@ def write(out: Path, header: dict, params_list: list[dict], samples: dict[str, l
            "first_run_at": ats[0] if ats else None, "last_run_at": ats[-1] if ats else None,
            "n_configs": len(rows), "n_measured": sum(bool(samples.get(r["key"])) for r in rows),
            "true_best": {"key": best["key"], "median_s": best["median_s"]} if best else None, "configs": rows}
+    refined = refined_block(_refine_log(out), header["baseline_key"])
+    if refined is not None:
+        doc["refined"] = refined
+    return _write_doc(out, doc)
+
+
+def _write_doc(out: Path, doc: dict) -> dict:
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=1))
     tmp.replace(out)
     out.with_suffix(".md").write_text(summary_md(doc, out.name))
     return doc
+
+
+def _refine_log(out: Path) -> Path:
+    return out.with_name(out.stem + ".refine.jsonl")
+
+
+def refined_block(log: Path, baseline_key: str) -> dict[str, Any] | None:
+    """The refinement's runs by round (ok runs only) and each config's paired ratios (its time over the baseline's,
+    over the rounds where both ran ok) summarised: ``ratio``, their geometric mean (the statistic the sweep's
+    decision bootstraps, and over tens of rounds of a skewed noise steadier than the median), and ``ratio_median``
+    beside it. None without a refinement log."""
+    if not log.exists():
+        return None
+    by_round: dict[str, dict[int, float]] = {}
+    meta: dict[str, Any] = {}
+    for line in log.read_text().splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        if rec.get("header"):
+            meta = {**rec["header"], "started_at": meta.get("started_at", rec["header"]["started_at"]),
+                    "commands": [*meta.get("commands", []), rec["header"]["command"]]}
+            continue
+        if rec["status"] == "ok" and rec["parity"]["passed"]:
+            by_round.setdefault(rec["key"], {})[int(rec["refine_round"])] = rec["step_time_s"]
+    base = by_round.get(baseline_key, {})
+    ratios, geo = {}, {}
+    for k, runs in by_round.items():
+        paired = [t / base[n] for n, t in runs.items() if n in base]
+        if paired:
+            ratios[k] = statistics.median(paired)
+            geo[k] = statistics.geometric_mean(paired)
+    return {**meta, "baseline_key": baseline_key, "rounds": len(base),
+            "runs": {k: {str(n): t for n, t in sorted(v.items())} for k, v in by_round.items()},
+            "ratio": geo, "ratio_median": ratios}
+
+
+def refine(meas: "Measurer", out: Path, params_list: list[dict], base_params: dict, top: int, rounds: int,
+           seed: int, command: str) -> None:
+    """``--refine-top``: ``rounds`` rounds of the baseline and the ``top`` fastest configs by median, each round in
+    a new shuffled order; resumes from ``<out>.refine.jsonl``."""
+    doc = json.loads(out.read_text())
+    usable = sorted((r for r in doc["configs"] if r["status"] == "ok" and r["median_s"]), key=lambda r: r["median_s"])
+    order = [r["key"] for r in usable]
+    ratios = (doc.get("refined") or {}).get("ratio", {})
+    if ratios:  # a second refinement narrows the first's fastest: ranked by the finer figure
+        order = sorted(ratios, key=ratios.get) + [k for k in order if k not in ratios]
+    chosen = [k for k in order if k != key_of(base_params)][:top]
+    by_key = {key_of(p): p for p in params_list}
+    keys = [key_of(base_params)] + chosen
+    log = _refine_log(out)
+    have: set[tuple[str, int]] = set()
+    if log.exists():
+        for line in log.read_text().splitlines():
+            rec = json.loads(line) if line.strip() else {}
+            if "refine_round" in rec:
+                have.add((rec["key"], rec["refine_round"]))
+    # One header per invocation: a later, narrower refinement adds rounds to the same log and says so.
+    _append(log, {"header": {"command": command, "top": top, "asked_rounds": rounds, "keys": keys,
+                             "machine": machine(), "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}})
+    meas.run(base_params)  # the parity reference: a fresh run of the baseline, not stored
+    already = sum(1 for k, n in have if k in keys and n < rounds)
+    total, done, t0 = len(keys) * rounds, already, time.perf_counter()
+    for rnd in range(rounds):
+        order = list(keys)
+        random.Random(seed * 1000 + 500 + rnd).shuffle(order)
+        for k in order:
+            if (k, rnd) in have:
+                continue
+            rec = {"key": k, "refine_round": rnd, **meas.run(by_key[k])}
+            _append(log, rec)
+            done += 1
+            st = f"{rec['step_time_s'] * 1e3:.1f} ms" if rec.get("step_time_s") else rec["status"]
+            left = (time.perf_counter() - t0) / max(1, done - already) * (total - done)
+            print(f"[refine {done}/{total}] round {rnd} {st} load {rec['load_1min']:.1f} (~{left / 60:.0f} min left)",
+                  flush=True)
 
 
 def summary_md(doc: dict, name: str, top: int = 15) -> str:
@@ -188,6 +282,27 @@ def summary_md(doc: dict, name: str, top: int = 15) -> str:
     base = next((r for r in rows if r["key"] == doc["baseline_key"]), None)
     if base and base["median_s"]:
         lines += ["", f"Baseline: median {base['median_s'] * 1e3:.1f} ms ({base['median_s'] / best:.2f}x the best)."]
+    ref = doc.get("refined")
+    if ref and ref["ratio"]:
+        lines += ["", f"## Refined: the fastest configs and the baseline, {ref['rounds']} interleaved rounds", "",
+                  f"Commands: {', '.join(f'`{c}`' for c in ref.get('commands', []))}; started "
+                  f"{ref.get('started_at', '')} UTC. A config's truth (bench/replay.py) is the geometric mean over "
+                  f"rounds of its time over the baseline's in the same round (paired ratio); the median of those "
+                  f"ratios is beside it. Spreads: (max - min) / median of its absolute runs and of its paired "
+                  f"ratios.", "",
+                  "| rank | paired ratio (geometric mean) | vs best | (median) | runs | absolute median (ms) | spread "
+                  "| paired spread | params |", "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        base_runs = ref["runs"].get(ref["baseline_key"], {})
+        ranked = sorted(ref["ratio"].items(), key=lambda kv: kv[1])
+        top_ratio = ranked[0][1]
+        for i, (k, ratio) in enumerate(ranked, 1):
+            runs = ref["runs"][k]
+            vals = list(runs.values())
+            paired = [t / base_runs[n] for n, t in runs.items() if n in base_runs]
+            med = statistics.median(vals)
+            lines.append(f"| {i} | {ratio:.4f} | {ratio / top_ratio - 1:+.1%} | {ref['ratio_median'][k]:.4f} | "
+                         f"{len(vals)} | {med * 1e3:.1f} | {(max(vals) - min(vals)) / med:.0%} | "
+                         f"{(max(paired) - min(paired)) / statistics.median(paired):.0%} | `{k}` |")
     return "\n".join(lines) + "\n"
 
 
@@ -207,7 +322,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0, help="seeds the per-round shuffle")
     ap.add_argument("--out", default=str(ROOT / "bench/results/landscape_default.json"))
     ap.add_argument("--compile-only", action="store_true", help="write the JSON from the samples so far; run nothing")
+    ap.add_argument("--refine-top", type=int, default=0,
+                    help="re-measure the N fastest configs (and the baseline) in --refine-rounds interleaved rounds")
+    ap.add_argument("--refine-rounds", type=int, default=20)
     args = ap.parse_args(argv)
+    if args.refine_top < 0 or (args.refine_top and args.refine_rounds < 3):
+        raise SystemExit("--refine-top: a number >= 1, with --refine-rounds >= 3 (a median of paired ratios)")
     if args.repeats < 1:
         raise SystemExit("--repeats: need at least 1")
     buckets = [float(b) for b in args.buckets.split(",")]
@@ -246,6 +366,20 @@ def main(argv: list[str] | None = None) -> None:
         return
     meas = Measurer(cfg, backend)
     t0, done = time.perf_counter(), 0
+    if args.refine_top:
+        if not out.exists():
+            raise SystemExit(f"--refine-top: {out} does not exist yet: measure the landscape first")
+        try:
+            refine(meas, out, params_list, base_params, args.refine_top, args.refine_rounds, args.seed,
+                   header["command"])
+        finally:
+            meas.close()
+        doc = json.loads(out.read_text())  # the landscape's own header (its command) stays
+        doc["refined"] = refined_block(_refine_log(out), doc["baseline_key"])
+        _write_doc(out, doc)
+        print(f"wrote {out}: refined {len(doc['refined']['ratio'])} configs over {doc['refined']['rounds']} "
+              f"rounds")
+        return
     try:
         # The baseline's first run is the parity reference, so it always runs first (also on resume).
         if samples.get(key_of(base_params)):

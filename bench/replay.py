@@ -10,11 +10,19 @@ noise, not the median. A proposal with the same params as an earlier trial costs
 the measurement); a config that failed parity or did not run is told as the sweep tells it (constraints).
 A config a partial landscape has no run of is skipped like a pre-filtered one: a trial, but no run.
 
-Per strategy and seed: the runs until a config whose true median is within 2% (5%) of the true best (the
-best median of the landscape) was measured, up to a cap; and, for a sweep of ``--budget`` trials, whether
+Per strategy and seed: the runs until a config whose truth is within 2% (5%) of the true best was measured, up to
+a cap; and, for a sweep of ``--budget`` trials, whether
 the declared winner is truly within 2%, with and without settling (``declare``: interleaved rounds of the
 baseline and the contenders, judged by the sweep's own decision, orchestrator.records.answer.decide); a
 declared tie counts as right only when every member of it is truly within 2%.
+
+The truth. A config's truth is its time over the baseline's: for a config the landscape refined
+(``bench/landscape.py --refine-top``), the geometric mean of its paired ratios over the refinement's rounds; for the
+others, its median over the baseline's median. A refined landscape also gives the settling rounds their
+pairing: each replayed round draws one refinement round, and every config in it takes its run of that round, so
+what a round shares (the machine's state while it ran) reaches the decision as it does in a sweep; a config
+without a run in that round draws one of its stored runs. Without a refinement, the truth is the 3-run medians,
+a few percent off each on a shared machine: too coarse to judge "within 2%" by.
 """
 
 from __future__ import annotations
@@ -62,6 +70,15 @@ class Landscape:
     rows: dict[str, dict]
     """key -> the landscape's row for that config."""
     floats: dict[str, list[float]]
+    truth: dict[str, float] = dataclasses.field(default_factory=dict)
+    """key -> the figure "truly within" judges (usable configs only): its time over the baseline's."""
+    refined: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)
+    """key -> refinement round -> its run in that round (s)."""
+    refined_rounds: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.truth:  # no baseline to scale by: each config's median stands for itself
+            self.truth = {k: r["median_s"] for k, r in self.rows.items() if self.usable(r)}
 
     @classmethod
     def load(cls, path: str | Path, overrides: Sequence[str] = ()) -> "Landscape":
@@ -73,19 +90,49 @@ class Landscape:
         the space itself is the landscape's."""
         cfg = load_sweep(ROOT / doc["source"], list(overrides), check=False)
         rows = {r["key"]: r for r in doc["configs"]}
-        return cls(doc, cfg, backends.build(cfg).configs, rows, doc.get("discretised", {}))
+        refined = {k: {int(n): t for n, t in v.items()} for k, v in (doc.get("refined") or {}).get("runs", {}).items()}
+        return cls(doc, cfg, backends.build(cfg).configs, rows, doc.get("discretised", {}), truth_of(doc), refined,
+                   len({n for v in refined.values() for n in v}))
 
     @property
     def best_s(self) -> float:
+        """The fastest median (s) of the landscape's own runs (bench/slice_proof.py's reference)."""
         return min(r["median_s"] for r in self.rows.values() if self.usable(r))
+
+    @property
+    def best(self) -> float:
+        """The true best's figure (``truth``'s units)."""
+        return min(self.truth.values())
+
+    @property
+    def best_key(self) -> str:
+        return min(self.truth, key=self.truth.get)
+
+    def settling_sample(self, key: str, rnd: int | None, rng: random.Random) -> float:
+        """A config's run in a replayed settling round ``rnd`` (None: no refinement, one of its stored runs). The
+        refinement ran in another machine state than the landscape (the best config at 47.6 ms there, 38.0 ms in
+        the landscape), and a replayed sweep's search phase draws the landscape's runs: so a refined config's run
+        of the round is brought to the landscape's level (times the baseline's stored median over its refined
+        median), and a config without a run in that round takes one of its stored runs times the round's drift
+        (the baseline's run of the round over its refined median). Unscaled, either would look 20% off beside
+        the other."""
+        runs = self.rows[key]["step_time_samples_s"]
+        stored = runs[rng.randrange(len(runs))]
+        base = self.doc.get("baseline_key")
+        if rnd is None or not self.refined.get(base):
+            return stored
+        level = statistics.median(self.refined[base].values())
+        mine = self.refined.get(key, {})
+        if rnd in mine:
+            return mine[rnd] * self.rows[base]["median_s"] / level
+        return stored * self.refined[base].get(rnd, level) / level
 
     @staticmethod
     def usable(row: dict) -> bool:
         return row["status"] == "ok" and bool(row["step_time_samples_s"])
 
     def within(self, key: str, frac: float) -> bool:
-        r = self.rows.get(key)
-        return r is not None and self.usable(r) and r["median_s"] <= self.best_s * (1 + frac)
+        return key in self.truth and self.truth[key] <= self.best * (1 + frac)
 
     def key(self, params: dict) -> str:
         out = dict(params)
@@ -93,6 +140,16 @@ class Landscape:
             if name in out:
                 out[name] = min(values, key=lambda v: abs(math.log(v) - math.log(out[name])))
         return guided.key_of(out)
+
+
+def truth_of(doc: dict) -> dict[str, float]:
+    """key -> a usable config's time over the baseline's: its refined paired ratio (geometric mean over the
+    refinement's rounds) where the landscape was refined, else its median over the baseline's median (each config's median alone without a baseline)."""
+    rows = {r["key"]: r for r in doc["configs"]}
+    base = rows.get(doc.get("baseline_key", ""))
+    scale = base["median_s"] if base is not None and Landscape.usable(base) else 1.0
+    ratios = (doc.get("refined") or {}).get("ratio", {})
+    return {k: ratios.get(k, r["median_s"] / scale) for k, r in rows.items() if Landscape.usable(r)}
 
 
 @dataclasses.dataclass
@@ -150,7 +207,7 @@ def replay(strategy: str, land: Landscape, seed: int, cap: int, budget: int,
     base_params = configs.baseline_params(cfg.space)
     study.enqueue_trial(base_params)
     base_row = land.rows[land.key(base_params)]
-    base_s = base_row["median_s"]
+    base_s = base_row["median_s"]  # what a failed or skipped config is told as (10 x)
     samples: dict[str, list[float]] = {}  # what this sweep measured, per config
     history: list[str] = []  # config key per run
     reach: dict[float, int | None] = {f: None for f in fracs}
@@ -231,9 +288,9 @@ def declare(samples: dict[str, list[float]], land: Landscape, rng: random.Random
         if answer.settled:
             break
         number += 1
+        rnd = rng.randrange(land.refined_rounds) if land.refined_rounds else None
         for k in [base] + [land_key[c] for c in answer.contenders]:
-            runs = land.rows[k]["step_time_samples_s"]
-            records.append(_record(keys.index(k), params[k], runs[rng.randrange(len(runs))], k == base, number))
+            records.append(_record(keys.index(k), params[k], land.settling_sample(k, rnd, rng), k == base, number))
             extra += 1
     answer = A.decide(records, Target(), rule)
     return [land_key[c.key] for c in answer.ties], extra
@@ -248,6 +305,25 @@ def resolution(land: Landscape, frac: float, runs: int = 3, draws: int = 2000, s
     hits = 0
     for _ in range(draws):
         meds = {r["key"]: statistics.median(rng.choice(r["step_time_samples_s"]) for _ in range(runs)) for r in rows}
+        hits += land.within(min(meds, key=meds.get), frac)
+    return hits / draws
+
+
+def refined_resolution(land: Landscape, frac: float, rounds: int, draws: int = 2000, seed: int = 0) -> float | None:
+    """The same ceiling for the refined configs at a given number of rounds: draw ``rounds`` refinement rounds
+    (with replacement), rank every refined config (baseline aside) by its median over them, and ask whether the
+    lowest is truly within ``frac``. An answer that runs no more rounds than that cannot be expected to name
+    a config within ``frac`` more often, let alone a tie set of such configs. None without a refinement."""
+    if not land.refined_rounds:
+        return None
+    rng = random.Random(seed)
+    base = land.doc.get("baseline_key")
+    keys = [k for k in land.refined if k != base and k in land.truth]
+    hits = 0
+    for _ in range(draws):
+        picked = [rng.randrange(land.refined_rounds) for _ in range(rounds)]
+        meds = {k: statistics.median(land.refined[k][n] for n in picked if n in land.refined[k]) for k in keys
+                if any(n in land.refined[k] for n in picked)}
         hits += land.within(min(meds, key=meds.get), frac)
     return hits / draws
 
@@ -367,11 +443,14 @@ def main(argv: list[str] | None = None) -> None:
         results[label] = [replay(strategy, land, seed, cap, args.budget, rk) for seed in range(seeds)]
         print(f"{strategy}: {time.perf_counter() - t:.0f} s", flush=True)
     done = json.loads(cache.read_text()) if cache.exists() else {}
-    if done.get("landscape") != land.doc.get("last_run_at"):
-        done = {}  # results of another landscape
+    ref = land.doc.get("refined") or {}
+    stamp = f"{land.doc.get('last_run_at')}; refined {ref.get('started_at')} x {land.refined_rounds}" if ref \
+        else land.doc.get("last_run_at")
+    if done.get("landscape") != stamp:
+        done = {}  # results of another landscape, or of another truth
     done.setdefault("strategies", {}).update(
         {k: {"args": vars(args), "seeds": [dataclasses.asdict(r) for r in v]} for k, v in results.items()})
-    done["landscape"] = land.doc.get("last_run_at")
+    done["landscape"] = stamp
     cache.write_text(json.dumps(done, indent=1))
     every = {k: [SeedResult(**{**r, "reach": {float(f): n for f, n in r["reach"].items()}}) for r in v["seeds"]]
              for k, v in done["strategies"].items()}
@@ -399,7 +478,8 @@ def table(results: dict[str, list[SeedResult]], per_args: dict[str, Any], land: 
     n2 = sum(land.within(r["key"], 0.02) for r in usable)
     n5 = sum(land.within(r["key"], 0.05) for r in usable)
     spreads = [r["spread_rel"] for r in usable if r.get("spread_rel") is not None]
-    best = min(usable, key=lambda r: r["median_s"])
+    best = land.rows[land.best_key]
+    ref = land.doc.get("refined") or {}
     n_runs = [len(r["step_time_samples_s"]) for r in usable]
     m = land.doc["machine"]
     lines = [
@@ -412,8 +492,13 @@ def table(results: dict[str, list[SeedResult]], per_args: dict[str, Any], land: 
         f"{len(usable)} of them measured and usable, {min(n_runs)}-{max(n_runs)} runs each (asked: "
         f"{land.doc['repeats']}), measured {str(land.doc.get('first_run_at') or land.doc['started_at'])[:16]} to "
         f"{str(land.doc.get('last_run_at') or '')[:16]} UTC on {m['cpu']}, {m['cpus']} CPUs, "
-        f"shared with other jobs); {land.doc['discretised']} discretised. True best: median "
-        f"{best['median_s'] * 1e3:.1f} ms, `{best['key']}`. Configs within 2% of it: {n2}; within 5%: {n5} "
+        f"shared with other jobs); {land.doc['discretised']} discretised. "
+        + (f"Refined: the {len(ref['ratio']) - 1} fastest configs and the baseline re-measured in "
+           f"{land.refined_rounds} interleaved rounds ({str(ref.get('started_at', ''))[:16]} UTC); a config's truth "
+           f"is its paired ratio to the baseline there (geometric mean over the rounds), others' their median over the baseline's. "
+           if ref else "Truth: each config's median (no refinement). ")
+        + f"True best: `{best['key']}` (its median {best['median_s'] * 1e3:.1f} ms, truth {land.best:.4g}). "
+        f"Configs within 2% of it: {n2}; within 5%: {n5} "
         f"(of {len(usable)} usable). " + (f"Median spread (max - min) / median of a config's runs: "
                                           f"{100 * statistics.median(spreads):.0f}%." if spreads else
                                           "No config has 2 runs: each replayed trial of a config draws the same "
@@ -445,6 +530,14 @@ def table(results: dict[str, list[SeedResult]], per_args: dict[str, Any], land: 
               f"true best in {100 * ceiling[0.02]:.0f}% of 2000 draws, within 5% in {100 * ceiling[0.05]:.0f}% "
               f"(`resolution()`): no sampler or winner rule judged against this landscape's medians can be expected "
               f"to do much better with 3-run medians."]
+    if land.refined_rounds:
+        at = {n: refined_resolution(land, 0.02, n) for n in (4, 8, 16, 32)}
+        lines += ["", f"**At the refined truth's resolution.** Ranking the {len(land.refined) - 1} refined configs by "
+                  f"their medians over n rounds drawn from the refinement's {land.refined_rounds} (every config "
+                  f"measured n times, no search) names one truly within 2% of the true best in "
+                  + ", ".join(f"{100 * v:.0f}% at n = {n}" for n, v in at.items())
+                  + f" (`refined_resolution()`): the ceiling of a settled answer that spends that many rounds; "
+                  f"a declared tie is right only if all its members are within 2%, which is harder still."]
     missing = len(ranking.not_modelled)
     lines += ["", (f"The planner does not model {missing} of {len(ranking.candidates)} configs "
                    f"({next(iter(ranking.not_modelled.values()))}); guided search leaves those to TPE." if missing

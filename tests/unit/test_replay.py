@@ -39,13 +39,20 @@ def test_replay_is_deterministic_for_a_seed(world, strategy):
 
 
 def _rows(d):
-    return {k: {"key": k, "params": {"k": k}, "step_time_samples_s": v} for k, v in d.items()}
+    return {k: {"key": k, "params": {"k": k}, "status": "ok", "step_time_samples_s": v,
+                "median_s": sorted(v)[len(v) // 2]} for k, v in d.items()}
+
+
+def _land(rows, refined=None):
+    refined = refined or {}
+    return R.Landscape(doc={"baseline_key": "base"}, cfg=None, configs=None, rows=rows, floats={}, refined=refined,
+                       refined_rounds=len({n for v in refined.values() for n in v}))
 
 
 def test_settling_runs_rounds_and_drops_a_lucky_sample():
     rows = _rows({"base": [0.200, 0.201, 0.199], "lucky": [0.130, 0.130, 0.130],  # one 80 ms sample by luck
                   "steady": [0.089, 0.090, 0.091], "slow": [0.190, 0.190, 0.190]})
-    land = SimpleNamespace(rows=rows)
+    land = _land(rows)
     seen = {"base": [0.2], "lucky": [0.080], "steady": [0.090], "slow": [0.190]}
     assert min(seen, key=lambda k: min(seen[k])) == "lucky"
     ties, extra = R.declare(seen, land, random.Random(0), base="base")
@@ -57,7 +64,7 @@ def test_configs_the_landscape_cannot_separate_are_declared_a_tie_not_a_wrong_si
     # "b" is truly 3% slower than "a", inside their own run-to-run noise (about 30%): over many seeds the answer
     # is a tie of both, or "a" alone, never "b" named alone as if certain.
     rows = _rows({"base": [0.2, 0.22, 0.18], "a": [0.09, 0.10, 0.11, 0.12], "b": [0.093, 0.103, 0.113, 0.124]})
-    land = SimpleNamespace(rows=rows)
+    land = _land(rows)
     answers = [R.declare({"base": [0.2], "a": [0.1], "b": [0.103]}, land, random.Random(seed), base="base")[0]
                for seed in range(12)]
     assert all(sorted(t) == ["a", "b"] or t == ["a"] for t in answers), answers
@@ -107,3 +114,61 @@ def test_the_landscape_resolution_is_one_without_noise_and_falls_with_overlappin
     assert R.resolution(tied, 0.10, draws=200) == 1.0
 
 
+
+
+def test_a_refined_landscape_pairs_the_settling_rounds_so_shared_drift_cancels():
+    # The machine alternates between a fast and a slow state (x1.0 / x1.4) from one round to the next; "a" is truly
+    # 6% faster than "b" in every round. Drawn run by run (no pairing), the drift hides the 6%; drawn a round at a
+    # time, as a sweep's settling round runs, every paired ratio says it and "a" alone is the answer.
+    state = [1.0, 1.4] * 10
+    refined = {"base": {n: 0.2 * f for n, f in enumerate(state)}, "a": {n: 0.094 * f for n, f in enumerate(state)},
+               "b": {n: 0.1 * f for n, f in enumerate(state)}}
+    rows = _rows({k: list(v.values()) for k, v in refined.items()})
+    seen = {"base": [0.2], "a": [0.094], "b": [0.1]}
+    paired = [R.declare(seen, _land(rows, refined), random.Random(s), base="base")[0] for s in range(10)]
+    assert all(t == ["a"] for t in paired), paired
+    unpaired = [R.declare(seen, _land(rows), random.Random(s), base="base")[0] for s in range(10)]
+    assert sum(len(t) > 1 for t in unpaired) >= 5, unpaired
+
+
+def test_truth_comes_from_the_refined_paired_ratio():
+    rows = _rows({"base": [0.2, 0.2, 0.2], "a": [0.09, 0.09, 0.09], "b": [0.1, 0.1, 0.1]})
+    doc = {"baseline_key": "base", "configs": list(rows.values()),
+           "refined": {"ratio": {"base": 1.0, "b": 0.44, "a": 0.47}, "runs": {}}}
+    truth = R.truth_of(doc)
+    assert truth == {"base": 1.0, "a": 0.47, "b": 0.44}
+    del doc["refined"]["ratio"]["a"]  # not refined: its median over the baseline's
+    assert R.truth_of(doc)["a"] == pytest.approx(0.45)
+    land = R.Landscape(doc=doc, cfg=None, configs=None, rows=rows, floats={}, truth=truth)
+    assert land.best_key == "b" and land.within("a", 0.07) and not land.within("a", 0.05)
+    assert land.best_s == 0.09  # the landscape's own fastest median, for slice_proof
+
+
+def test_the_refined_resolution_rises_with_rounds_and_is_one_for_separated_configs():
+    rng = random.Random(0)
+    # "b" is truly 8% slower than "a"; each run is off by up to 15%: one round often names "b", thirty hardly ever.
+    noisy = {"base": {n: 0.2 for n in range(30)}, "a": {n: 0.100 * rng.uniform(0.85, 1.15) for n in range(30)},
+             "b": {n: 0.108 * rng.uniform(0.85, 1.15) for n in range(30)}}
+    rows = _rows({k: list(v.values()) for k, v in noisy.items()})
+    land = _land(rows, noisy)
+    land.truth = {"base": 1.0, "a": 0.5, "b": 0.54}
+    low, high = R.refined_resolution(land, 0.02, 1, draws=400), R.refined_resolution(land, 0.02, 30, draws=400)
+    assert 0.4 < low < 0.9 < high
+    land.truth = {"base": 1.0, "a": 0.5, "b": 0.7}
+    clear = {"base": noisy["base"], "a": {n: 0.1 for n in range(30)}, "b": {n: 0.14 for n in range(30)}}
+    land.refined = clear
+    assert R.refined_resolution(land, 0.02, 1, draws=100) == 1.0
+    assert R.refined_resolution(_land(rows), 0.02, 4) is None
+
+
+def test_settling_draws_are_brought_to_the_landscapes_level():
+    # The refinement ran 30% slower than the landscape (another machine state): a refined run is scaled back by
+    # the baseline's stored median over its refined median; "c", never refined, keeps its stored level times the
+    # round's drift (the baseline's run of the round over its refined median).
+    rows = _rows({"base": [0.20, 0.20, 0.20], "a": [0.09, 0.09, 0.09], "c": [0.10, 0.10, 0.10]})
+    refined = {"base": {0: 0.25, 1: 0.27, 2: 0.26}, "a": {0: 0.13, 1: 0.13, 2: 0.13}}
+    land = _land(rows, refined)
+    assert land.settling_sample("a", 1, random.Random(0)) == pytest.approx(0.13 * 0.20 / 0.26)
+    assert land.settling_sample("c", 1, random.Random(0)) == pytest.approx(0.10 * 0.27 / 0.26)
+    assert land.settling_sample("base", 2, random.Random(0)) == pytest.approx(0.20)
+    assert land.settling_sample("c", None, random.Random(0)) == 0.10
