@@ -91,8 +91,11 @@ class Runner(Protocol):
     where: str
     """Where the runs go, for the log."""
 
-    def submit(self, slot: int, cfg: Any) -> None: ...
-    def poll(self, timeout_s: float) -> list[tuple[int, RunOutcome]]: ...
+    def submit(self, slot: int, cfg: Any) -> None:
+        """Start ``cfg`` on ``slot``; a tuple of configs (the canonical run and its self-check, from a backend's
+        ``reference_run``) runs in one go and comes back as a tuple of outcomes, in its order."""
+
+    def poll(self, timeout_s: float) -> list[tuple[int, RunOutcome | tuple[RunOutcome, ...]]]: ...
     def close(self) -> None: ...
 
 

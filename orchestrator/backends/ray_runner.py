@@ -3,9 +3,12 @@ classification of what came back (a Result, or why not: oom, timeout, nan, a los
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import os
+import sys
+import threading
 from typing import Any
 
 from orchestrator import REPO_ROOT
@@ -31,6 +34,7 @@ class RayRunner:
                        for _ in range(n)]
         self.timeout_s = res.trial_timeout_s
         self._cfgs: dict[int, Any] = {}
+        self._importing = False
         # After a failure the group is killed at once; the other ranks' pending results then die unread, on
         # purpose. Ray would log each as an "unhandled error".
         os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
@@ -45,22 +49,36 @@ class RayRunner:
         return sum(g.builds for g in self.groups)
 
     def submit(self, slot: int, cfg: Any) -> None:
-        """Run ``cfg`` on group ``slot``, rebuilding it first if a failure killed it.
+        """Run ``cfg`` on group ``slot``, rebuilding it first if a failure killed it. A tuple of configs runs in
+        one go (its outcome: a tuple, one per config): one world of fewer ranks than the group (the canonical
+        run and its self-check), launched once; ``timeout_s`` then applies to each of them.
 
         A group that cannot be rebuilt twice in a row is an infrastructure problem, not the config's: it raises
         (GroupStartError) instead of being recorded against the trial, which would teach the sampler nonsense.
         """
         from orchestrator.backends.workers import ClusterTooSmall, GroupStartError
 
+        cfgs = cfg if isinstance(cfg, tuple) else (cfg,)
         # A config of fewer ranks (the canonical run, a suspect of a refused baseline) runs beside rank 0.
-        local = cfg.world_size < self.groups[slot].world_size
+        local = [c.world_size < self.groups[slot].world_size for c in cfgs]
+        if len(cfgs) > 1 and not all(local):
+            raise ValueError(f"configs run together must each have fewer ranks than the worker group "
+                             f"({self.groups[slot].world_size}); got {[c.world_size for c in cfgs]}")
+        what = [c.to_dict() for c in cfgs] if local[0] else cfgs[0].to_dict()
+        if local[0] and "trainer.run" not in sys.modules and not self._importing:
+            # The driver reads every result with trainer.run, and its first import (torch: ~2.5 s of CPU here) came
+            # after the sweep's first run, between runs. A run of fewer ranks than the group leaves a core idle:
+            # the import goes there, beside the run (never beside a measured one: it would slow it).
+            self._importing = True
+            threading.Thread(target=importlib.import_module, args=("trainer.run",), daemon=True,
+                             name="steptune-import").start()
         try:
-            self.groups[slot].submit(cfg.to_dict(), self.timeout_s, local)
+            self.groups[slot].submit(what, self.timeout_s * len(cfgs))
         except ClusterTooSmall:
             raise  # the alive nodes cannot hold the group: another try cannot help
         except GroupStartError as e:
             log.warning(f"rebuilding worker group {slot} failed ({e}); trying once more")
-            self.groups[slot].submit(cfg.to_dict(), self.timeout_s, local)
+            self.groups[slot].submit(what, self.timeout_s * len(cfgs))
         self._cfgs[slot] = cfg
 
     def poll(self, timeout_s: float) -> list[tuple[int, RunOutcome]]:
@@ -109,11 +127,20 @@ def _runtime_env(cfg: Any) -> dict | None:
             "excludes": [".venv/", ".git/", "results/", "mlruns/", "**/__pycache__/", ".pytest_cache/"]}
 
 
-def _outcome(cfg: Any, run: Any) -> RunOutcome:
-    """Classify what came back: a Result, or the status and reason of the failure; where the ranks ran."""
-    outcome = _classify(cfg, run)
-    outcome.placement = run.placement
-    return outcome
+def _outcome(cfg: Any, run: Any) -> RunOutcome | tuple[RunOutcome, ...]:
+    """Classify what came back: a Result, or the status and reason of the failure; where the ranks ran. Configs
+    run together (a tuple): a tuple of outcomes, the one world's launch charged to the first (workers.RunDone.each):
+    each later config's wall is its updates', the first's the rest, so their walls still add up to the run's."""
+    if not isinstance(cfg, tuple) and run.local is None:
+        outcome = _classify(cfg, run)
+        outcome.placement = run.placement
+        return outcome
+    cfgs = cfg if isinstance(cfg, tuple) else (cfg,)
+    outcomes = tuple(_outcome(c, part) for c, part in zip(cfgs, run.each(len(cfgs))))
+    for later in outcomes[1:]:
+        later.wall_s = later.work_s
+    outcomes[0].wall_s = run.wall_s - sum(o.wall_s for o in outcomes[1:])
+    return outcomes if isinstance(cfg, tuple) else outcomes[0]
 
 
 def _classify(cfg: Any, run: Any) -> RunOutcome:

@@ -16,7 +16,7 @@ import secrets
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -179,14 +179,17 @@ class RankWorker:
             trace = Path(result.trace_file).read_bytes() if result.trace_file else None
         return result, trace
 
-    def run_local(self, cfg: dict[str, Any]) -> tuple[list[RankResult], None]:
-        """A config of fewer ranks than the group (the canonical run: one rank), as its own world of local
-        processes beside this rank, while the group's other ranks idle. Its processes run this job's worker
-        setup hook (Ray's ``worker_process_setup_hook``) as every other worker process of the job does."""
+    def run_local(self, cfgs: list[dict[str, Any]]) -> list[list[RankResult] | str]:
+        """Configs of fewer ranks than the group (the canonical run and its self-check: one rank each), one after
+        the other in one world of local processes beside this rank, while the group's other ranks idle: one
+        world launched instead of one per config. Per config, its rank results or the error it raised (the
+        world goes on to the next). Its processes run this job's worker setup hook (Ray's
+        ``worker_process_setup_hook``) as every other worker process of the job does."""
         from trainer.config import TrainConfig
-        from trainer.launch import spawn
+        from trainer.launch import RankFailed, spawn_many
 
-        return spawn(TrainConfig.from_dict(cfg), setup=_setup_hook()).ranks, None
+        done = spawn_many([TrainConfig.from_dict(c) for c in cfgs], setup=_setup_hook())
+        return [str(r) if isinstance(r, RankFailed) else r.ranks for r in done]
 
 
 def _setup_hook() -> Any:
@@ -214,6 +217,31 @@ class RunDone:
     """Per rank (rank order): the gzipped torch.profiler trace of run.profile_step, if one was asked for."""
     placement: list[dict[str, Any]] | None = None
     """Per rank (rank order): host, ip, Ray node_id, gpu_ids and pid of the actor that ran it."""
+    local: list[list[RankResult] | str] | None = None
+    """A local run that came back (RankWorker.run_local; ``ranks`` is None): per config, its rank results or the
+    error it raised."""
+
+    def each(self, n: int) -> list[RunDone]:
+        """The outcome of each of the ``n`` configs of a local run; a run that failed as a whole fails each.
+
+        The world is launched once, so its launch is charged to the first config: each later one's wall is the
+        wall of its updates alone (RunOutcome.work_s), set by the caller that knows them; here all of it is the
+        first's and the others' is 0.
+        """
+        if self.local is None:
+            return [self] + [replace(self, wall_s=0.0) for _ in range(n - 1)]
+        from trainer.launch import RankFailed
+
+        out = []
+        for i, part in enumerate(self.local):
+            wall = self.wall_s if i == 0 else 0.0
+            if isinstance(part, str):  # as a raising run of one config reads (the rank that raised: rank 0)
+                error = RankFailed(part)
+                error.add_note("rank 0")
+                out.append(RunDone(None, error, "raised", wall, placement=self.placement))
+            else:
+                out.append(RunDone(part, None, "ok", wall, traces=[None] * len(part), placement=self.placement))
+        return out
 
 
 class WorkerGroup:
@@ -280,15 +308,15 @@ class WorkerGroup:
             raise GroupStartError(f"the worker group could not form its world: {_describe(e)}") from None
         self.builds += 1
 
-    def submit(self, cfg: dict[str, Any], timeout_s: float, local: bool = False) -> None:
-        """Run ``cfg`` on every rank; ``local``: on rank 0's node alone, as its own world (RankWorker.run_local),
-        for a config of fewer ranks than the group."""
+    def submit(self, cfg: dict[str, Any] | list[dict[str, Any]], timeout_s: float) -> None:
+        """Run ``cfg`` on every rank; a list of configs (of fewer ranks than the group): on rank 0's node alone,
+        one after the other in their own world (RankWorker.run_local)."""
         self._submitted = time.perf_counter()
         if not self.alive:
             self.start()
         self._timeout, self._deadline = timeout_s, time.perf_counter() + timeout_s
-        self._local = local
-        self._refs = [self.actors[0].run_local.remote(cfg)] if local else [a.run.remote(cfg) for a in self.actors]
+        self._local = isinstance(cfg, list)
+        self._refs = [self.actors[0].run_local.remote(cfg)] if self._local else [a.run.remote(cfg) for a in self.actors]
 
     def collect(self) -> RunDone | None:
         """Non-blocking: the run's outcome once every rank answered, any rank failed, or time ran out."""
@@ -308,10 +336,12 @@ class WorkerGroup:
                 return self._fail(e, "raised", rank)
         if len(ready) == len(self._refs):
             got = ray.get(self._refs)
-            ranks, traces = (got[0][0], [None] * len(got[0][0])) if self._local else zip(*got)
             self._refs = []
-            return RunDone(list(ranks), None, "ok", time.perf_counter() - self._submitted, traces=list(traces),
-                           placement=self.placement[:1] if self._local else self.placement)
+            wall = time.perf_counter() - self._submitted
+            if self._local:
+                return RunDone(None, None, "ok", wall, placement=self.placement[:1], local=got[0])
+            ranks, traces = zip(*got)
+            return RunDone(list(ranks), None, "ok", wall, traces=list(traces), placement=self.placement)
         if time.perf_counter() > self._deadline:
             return self._fail(TimeoutError(f"no result within resources.trial_timeout_s={self._timeout:g} s"),
                               "timeout", None)

@@ -45,6 +45,11 @@ FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "pp_bw_eff", "dp_bw_eff"
 """Efficiency fields refitted online: ``calibration.CPU_FIT`` minus memory (the ranking is by step time), plus
 the per-message collective cost and the DP overlap share: the trials' measured DP waits at different bucket
 sizes and overlap settings price the buckets (without them every refit kept picking the smallest bucket)."""
+REFIT_TOL = 1e-8
+"""scipy's xtol/ftol for the online refits (orchestrator.planner.calibrate.SOLVER_TOL is 1e-12): a refit only ranks
+the candidates. On a default sweep's 31-line ledger, refitted where that sweep did (after 13 and 30 lines), 1e-8
+made a third of the solver's evaluations and left every candidate of the space in the same place (predicted step
+times within 3e-4); 1e-6 reordered them (tests/unit/test_guided.py)."""
 TIME_METRICS = ("step_time_s", "forward_s", "backward_incl_recompute_s", "optimizer_s", "dp_exposed_s", "pp_idle_s")
 
 log = logging.getLogger(__name__)
@@ -163,7 +168,7 @@ class PlannerRanking:
         self._records.extend(records)
         # Warm start: the last fit is the starting point (and the weak prior), so a refit takes a few steps.
         base = dataclasses.replace(self._records[0]["config"], efficiency=self.efficiency)
-        self.efficiency = calibrate(self._records, base, fit=FIT).efficiency
+        self.efficiency = calibrate(self._records, base, fit=FIT, tol=REFIT_TOL).efficiency
         self.n_fits += 1
         self._pred = None
         return True

@@ -162,9 +162,12 @@ class Sweep:
                     break
                 for slot, outcome in runner.poll(timeout_s=0.5):
                     job = active[slot]
-                    if outcome.status == "lost":  # the infrastructure's doing: no verdict on the config
+                    # (configs run together come back together: a tuple of outcomes)
+                    lost = next((o for o in (outcome if isinstance(outcome, tuple) else (outcome,))
+                                 if o.status == "lost"), None)
+                    if lost is not None:  # the infrastructure's doing: no verdict on the config
                         del active[slot]
-                        self._lost(job, outcome)
+                        self._lost(job, lost)
                         continue
                     self.lost_in_a_row = 0
                     try:
@@ -293,12 +296,12 @@ class Sweep:
                 self._finish(job, probe)
                 return
         if job.kind == "baseline" and (canonical := self.backend.reference_run(self.gate, job.config)) is not None:
-            # The baseline is judged against the simplest layout of its maths before it becomes the reference.
+            # The baseline is judged against the simplest layout of its maths before it becomes the reference,
+            # which certifies itself first: the same maths in a second decomposition (orchestrator.parity.certify).
+            # Both run in one go (a tuple: one world launched, not one per run); the canonical run's outcome is the
+            # record's, its self-check's are judged with it (the backend's judge: runs[1:]).
             check = Job("canonical", job.number, {}, canonical)
-            check.runs.append((yield canonical))
-            # ... which certifies itself first: the same maths in a second decomposition (orchestrator.parity.certify)
-            for second in self.gate.self_checks(canonical) if check.runs[0].status == "ok" else ():
-                check.runs.append((yield second))
+            check.runs.extend((yield (canonical, *self.gate.self_checks(canonical))))
             self._finish(check, check.runs[0])
         if job.kind == "baseline" and self.gate.shared:
             log.warning("the canonical run shares %s with the baseline (the whole batch as one microbatch does not "

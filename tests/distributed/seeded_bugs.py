@@ -227,6 +227,20 @@ def bug_loss_scaled_for_large_microbatch():
     run.token_loss = loss
 
 
+def bug_self_check_raises():
+    """A crash keyed on the canonical run's self-check alone (one rank, microbatches of one sequence): the canonical
+    run before it in the same world is fine, and the world goes on to it."""
+    import trainer.run as run
+
+    orig = run.parallelize
+
+    def parallelize(cfg, groups, device, loss_fn):
+        if cfg.world_size == 1 and cfg.batch.micro_batch_size == 1:
+            raise RuntimeError("seeded: microbatches of one sequence crash on one rank")
+        return orig(cfg, groups, device, loss_fn)
+    run.parallelize = parallelize
+
+
 _SEEN: dict = {}
 """The rank's TrainConfig, for bugs keyed on a layout (set by _remember_config's patched parallelize)."""
 

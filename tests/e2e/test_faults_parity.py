@@ -85,3 +85,21 @@ def test_a_clean_baseline_passes_and_a_buggy_one_cannot_drift_the_store(ray_addr
     assert store.read_text() == stored  # the bad run was not added
     again = Ledger(cfg.results_dir.parent / "t2" / "trials.jsonl").read()
     assert [(r.kind, r.status) for r in again] == [("baseline", "infeasible")]  # canonical already stored
+
+
+@pytest.mark.timeout(300)
+def test_a_self_check_that_crashes_beside_a_clean_canonical_run_stops_the_sweep(ray_address, sweep_file):
+    """Issue 26: the canonical run and its self-check run in one world (one job); the self-check alone raises
+    (a seeded crash keyed on one rank with microbatches of one sequence). The canonical run is still failed by it,
+    with the self-check's own error, before the baseline runs; one ledger line, its wall the one job's."""
+    path = sweep_file(ray=with_bug("bug_self_check_raises"))
+    cfg = load_sweep(path, ["search.n_trials=2"])
+    out = drive(path, ray_address, "search.n_trials=2")
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text
+    assert ("the canonical reference run of the baseline (trial 0) did not run: failed: its self-check run (one "
+            "rank, microbatches of one sequence) did not run: failed: RankFailed: rank 0: RuntimeError: seeded: "
+            "microbatches of one sequence crash on one rank (rank 0)") in text, text
+    (line,) = Ledger(cfg.results_dir / "trials.jsonl").read()
+    assert (line.kind, line.status, line.config["batch"]["micro_batch_size"]) == ("canonical", "failed", 8)
+    assert line.wall_s > line.overhead_s > 0  # the canonical run's updates happened; the self-check's did not

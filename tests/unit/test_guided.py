@@ -172,3 +172,32 @@ def test_sampler_calibration_starts_the_ranking_from_the_files_efficiency(world,
     with pytest.raises(ValueError, match=r"^sampler\.calibration: .*bad\.yaml: expected an efficiency: mapping$"):
         load_sweep(path, ["sampler.calibration=bad.yaml"])
     assert guided.start_efficiency(SimpleNamespace(kind="guided", calibration=None), None) is None
+
+
+def test_the_refits_tolerance_ranks_the_default_space_as_the_tight_fit_does(monkeypatch):
+    """Issue 26: the online refit stops at guided.REFIT_TOL (1e-8), not calibrate's SOLVER_TOL (1e-12). On the
+    first 13 lines of a real default sweep (tests/fixtures/default_sweep_first_refit.jsonl, where that sweep
+    refitted first; half the residual evaluations there) every candidate of the space keeps its place in the
+    ranking the picks are taken from. The check can tell: at 1e-6 the order changes."""
+    from orchestrator import backends
+    from orchestrator.planner.calibrate import SOLVER_TOL
+    from orchestrator.records.ledger import read_records
+    from orchestrator.sweep.config import DEFAULT_SWEEP, load_sweep
+    from orchestrator.sweep.study import _sampler
+
+    cfg = load_sweep(DEFAULT_SWEEP, check=False)
+    ranking = _sampler(cfg, backends.build(cfg), list).ranking
+    lines = read_records(ROOT / "tests/fixtures/default_sweep_first_refit.jsonl")
+
+    def order(tol: float) -> list[str]:
+        monkeypatch.setattr(guided, "REFIT_TOL", tol)
+        r = ranking.fresh()
+        assert r.refit(lines)
+        pred = r.predictions()
+        return sorted(pred, key=pred.get)
+
+    refit_tol = guided.REFIT_TOL
+    assert refit_tol > SOLVER_TOL
+    tight = order(SOLVER_TOL)
+    assert order(refit_tol) == tight
+    assert order(1e-6) != tight

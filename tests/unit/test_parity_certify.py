@@ -11,7 +11,7 @@ from orchestrator.parity.certify import self_check_config
 from orchestrator.parity.trust import ParityGate, TrustError, canonical_config
 from orchestrator.parity.verdict import ReferenceStore, maths_key, reference_from_result
 from tests.unit.test_parity import make_result, second_of
-from tests.unit.test_sweep_loop import FakeRunner, config, run_loop  # noqa: F401 (config: the fixture)
+from tests.unit.test_sweep_loop import PACE, FakeRunner, config, run_loop  # noqa: F401 (config: the fixture)
 from trainer.config import TrainConfig, apply_overrides, flatten
 
 
@@ -104,12 +104,12 @@ class LargeMicrobatchBug(FakeRunner):
     (tests/distributed/seeded_bugs.py, bug_loss_scaled_for_large_microbatch, as a fake): the canonical run (the
     whole batch of 8 as one microbatch) carries it."""
 
-    def submit(self, slot, cfg):
-        super().submit(slot, cfg)
-        outcome = self._done[-1][1]
+    def run(self, cfg):
+        outcome = super().run(cfg)
         if outcome.result is not None and cfg.batch.micro_batch_size >= 4:
             for s in outcome.result.steps:
                 s.loss /= cfg.n_microbatches + 1
+        return outcome
 
 
 @pytest.mark.parametrize("mbs", [1, 4])
@@ -133,6 +133,52 @@ def test_the_sweep_stops_at_the_canonical_self_check_before_the_baseline_runs(co
     assert lines[0]["parity"]["self_check"]["values"] == [8, 1]
     store = cfg.results_dir.parent / "parity_refs"
     assert not store.exists() or not list(store.glob("*.json"))
+
+
+class Recording(FakeRunner):
+    """A FakeRunner that keeps what each submission held (a tuple: configs run together)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.submissions: list = []
+
+    def submit(self, slot, cfg):
+        self.submissions.append(cfg)
+        super().submit(slot, cfg)
+
+
+def test_the_canonical_run_and_its_self_check_are_one_submission(config):
+    """Issue 26: the canonical run and its self-check go to the runner together (RayRunner: one world launched, not
+    two one after the other), then the baseline alone; the ledger keeps one canonical line, its wall both runs'."""
+    cfg = config("search.n_trials=1")
+    runner = Recording()
+    sweep, _ = run_loop(cfg, runner)
+    assert [tuple((c.world_size, c.batch.micro_batch_size) for c in s) if isinstance(s, tuple)
+            else (s.world_size, s.batch.micro_batch_size) for s in runner.submissions] == [((1, 8), (1, 1)), (2, 2)]
+    canonical, base = sweep.records
+    assert (canonical.kind, canonical.status, base.kind, base.status) == ("canonical", "ok", "baseline", "ok")
+    assert canonical.parity.extra["self_check"]["values"] == [8, 1]
+    steps = cfg.built.configs.baseline.run.steps
+    assert canonical.wall_s == pytest.approx(PACE[8] * steps + 0.1 + PACE[1] * steps + 0.1)
+
+
+@pytest.mark.parametrize("broken", ["failed", "timeout"])
+def test_a_self_check_that_did_not_run_still_fails_the_canonical_run(config, broken):
+    """Run together, the self-check's own outcome still decides: one that did not run fails the canonical run with
+    its status and reason, and the sweep stops before the baseline runs."""
+    from orchestrator.sweep.loop import SweepError
+
+    cfg = config()
+    runner = Recording(pace=lambda c: broken if (c.world_size, c.batch.micro_batch_size) == (1, 1)
+                       else PACE[c.batch.micro_batch_size])
+    with pytest.raises(SweepError) as err:
+        run_loop(cfg, runner)
+    assert str(err.value).startswith(
+        f"the canonical reference run of the baseline (trial 0) did not run: {broken}: its self-check run (one rank, microbatches of one sequence) did not run: {broken}: scripted {broken}"), \
+        str(err.value)
+    assert len(runner.submissions) == 1  # the baseline never ran
+    lines = [json.loads(line) for line in (cfg.results_dir / "trials.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["status"]) for r in lines] == [("canonical", broken)]
 
 
 # ---- blame names the trigger (issue 27 item 2) -------------------------------------------------------------------

@@ -52,17 +52,20 @@ class FakeRunner:
         self.closed = False
 
     def submit(self, slot, cfg):
+        """A tuple of configs (the canonical run and its self-check) comes back as a tuple, as RayRunner's does."""
         if self.die_at is not None and len(self.submitted) + 1 == self.die_at:
             raise KeyboardInterrupt  # the driver is killed as this run starts
+        runs = [self.run(c) for c in (cfg if isinstance(cfg, tuple) else (cfg,))]
+        self._done.append((slot, tuple(runs) if isinstance(cfg, tuple) else runs[0]))
+
+    def run(self, cfg) -> RunOutcome:
         self.submitted.append(cfg)
         pace = self.pace(cfg)
         if isinstance(pace, str):
-            self._done.append((slot, RunOutcome(pace, f"scripted {pace}")))
-            return
+            return RunOutcome(pace, f"scripted {pace}")
         wall = pace * cfg.run.steps
         traces = {trace_name(r): b"trace" for r in range(2)}  # as run.profile_step would bring back
-        self._done.append((slot, RunOutcome("ok", None, result_for(cfg, pace), wall_s=wall + 0.1, work_s=wall,
-                                            traces=traces)))
+        return RunOutcome("ok", None, result_for(cfg, pace), wall_s=wall + 0.1, work_s=wall, traces=traces)
 
     def poll(self, timeout_s):
         done, self._done = self._done, []
@@ -155,12 +158,12 @@ class BuggyRunner(FakeRunner):
         super().__init__(**kw)
         self.buggy = buggy
 
-    def submit(self, slot, cfg):
-        super().submit(slot, cfg)
-        outcome = self._done[-1][1]
+    def run(self, cfg):
+        outcome = super().run(cfg)
         if outcome.result is not None and self.buggy(cfg):
             for s in outcome.result.steps[1:]:
                 s.loss *= 1.001
+        return outcome
 
 
 def test_a_pruned_trial_is_judged_on_its_probe_and_a_layout_bug_there_is_parity_failed(config):
@@ -409,9 +412,10 @@ def test_the_wall_time_budget_also_ends_the_rounds(config, monkeypatch):
     clock = {"now": 0.0}  # the loop's clock advances by each run's wall, as if the runs took their time
 
     class Timed(FakeRunner):
-        def submit(self, slot, cfg):
-            super().submit(slot, cfg)
-            clock["now"] += self._done[-1][1].wall_s
+        def run(self, cfg):
+            outcome = super().run(cfg)
+            clock["now"] += outcome.wall_s
+            return outcome
 
     monkeypatch.setattr(sweep_module, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"], time=time.time))
     # canonical with its self-check (one record of 7.4 s) and baseline (3.7 s): 11.1 s in, plus a median record
