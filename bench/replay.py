@@ -311,8 +311,9 @@ def resolution(land: Landscape, frac: float, runs: int = 3, draws: int = 2000, s
 
 def refined_resolution(land: Landscape, frac: float, rounds: int, draws: int = 2000, seed: int = 0) -> float | None:
     """The same ceiling for the refined configs at a given number of rounds: draw ``rounds`` refinement rounds
-    (with replacement), rank every refined config (baseline aside) by its median over them, and ask whether the
-    lowest is truly within ``frac``. An answer that runs no more rounds than that cannot be expected to name
+    (with replacement), rank every refined config (baseline aside) by its geometric mean over them (the truth's
+    statistic: over common rounds, the same order as its paired ratio's), and ask whether the lowest is truly
+    within ``frac``. An answer that runs no more rounds than that cannot be expected to name
     a config within ``frac`` more often, let alone a tie set of such configs. None without a refinement."""
     if not land.refined_rounds:
         return None
@@ -322,8 +323,8 @@ def refined_resolution(land: Landscape, frac: float, rounds: int, draws: int = 2
     hits = 0
     for _ in range(draws):
         picked = [rng.randrange(land.refined_rounds) for _ in range(rounds)]
-        meds = {k: statistics.median(land.refined[k][n] for n in picked if n in land.refined[k]) for k in keys
-                if any(n in land.refined[k] for n in picked)}
+        meds = {k: statistics.geometric_mean([land.refined[k][n] for n in picked if n in land.refined[k]])
+                for k in keys if any(n in land.refined[k] for n in picked)}
         hits += land.within(min(meds, key=meds.get), frac)
     return hits / draws
 
@@ -533,7 +534,7 @@ def table(results: dict[str, list[SeedResult]], per_args: dict[str, Any], land: 
     if land.refined_rounds:
         at = {n: refined_resolution(land, 0.02, n) for n in (4, 8, 16, 32)}
         lines += ["", f"**At the refined truth's resolution.** Ranking the {len(land.refined) - 1} refined configs by "
-                  f"their medians over n rounds drawn from the refinement's {land.refined_rounds} (every config "
+                  f"their geometric means over n rounds drawn from the refinement's {land.refined_rounds} (every config "
                   f"measured n times, no search) names one truly within 2% of the true best in "
                   + ", ".join(f"{100 * v:.0f}% at n = {n}" for n, v in at.items())
                   + f" (`refined_resolution()`): the ceiling of a settled answer that spends that many rounds; "
