@@ -22,11 +22,15 @@ SCRIPT = textwrap.dedent("""
     from orchestrator.sweep.config import load_sweep
 
     results_dir, hang = sys.argv[1], sys.argv[2]
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    t0 = time.monotonic()
+    took = {}  # seconds per phase, in the result: where a slow or failed run spent its time
+    # No dashboard: its server is seconds of CPU to start on 2 cores, and nothing here reads it.
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     worker = cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
-    out = {}
+    out = {"took": took}
+    took["cluster_up"] = time.monotonic() - t0
 
     def finish(runner, cfg, timeout=300, during=None):
         runner.submit(0, cfg)
@@ -51,8 +55,16 @@ SCRIPT = textwrap.dedent("""
 
     cfg = load_sweep(sys.argv[3], [f"storage.results_dir={results_dir}", "command.nodes=2"])
     b = cfg.built
+    # Not the baseline's own config: the baseline's first run is run twice (its repeat calibrates the loss-curve
+    # gate), and a rendezvous needs one run.
+    one = b.configs.build({"recompute.kind": "none"})
+    assert one != b.configs.baseline
+    t0 = time.monotonic()
     runner = b.runner()
-    o = finish(runner, b.configs.baseline)
+    took["group_placed"] = time.monotonic() - t0
+    t0 = time.monotonic()
+    o = finish(runner, one)
+    took["rendezvous_run"] = time.monotonic() - t0
     out["ok"] = {"status": o.status, "reason": o.reason, "placement": o.placement,
                  "argv": o.command["per_node_argv"], "world": o.result.world_size if o.result else None,
                  "nodes": [n["NodeID"] for n in ray.nodes() if n["Alive"]]}
@@ -60,8 +72,16 @@ SCRIPT = textwrap.dedent("""
     # A node removed while its command runs: lost, and nothing of that trial left running.
     b.cfg = dataclasses.replace(b.cfg, command=dataclasses.replace(b.cfg.command, argv=[hang]))
     # once both nodes' guard, torchrun and rank run, the worker node goes
-    started = lambda: len(procs(hang)) >= 6 and (cluster.remove_node(worker) or True)
-    o = finish(runner, b.configs.baseline, during=started)
+    def started():
+        if len(procs(hang)) < 6:
+            return False
+        took["hang_started"] = time.monotonic() - t0
+        cluster.remove_node(worker)
+        took["node_removed"] = time.monotonic() - t0
+        return True
+    t0 = time.monotonic()
+    o = finish(runner, one, during=started)
+    took["lost_recorded"] = time.monotonic() - t0
     # The removed node's actor process outlives its raylet until it notices (tens of seconds); when it exits, its
     # guard's death signal kills torchrun and the ranks below it.
     t0 = time.monotonic()
@@ -79,10 +99,13 @@ SCRIPT = textwrap.dedent("""
                    "cleared_after_s": time.monotonic() - t0}
 
     # Room again: the group is placed again and the next trial runs on both nodes.
+    t0 = time.monotonic()
     cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
+    took["node_added"] = time.monotonic() - t0
     b.cfg = cfg
-    o = finish(runner, b.configs.baseline)
+    o = finish(runner, one)
+    took["run_again"] = time.monotonic() - t0
     out["again"] = {"status": o.status, "reason": o.reason, "builds": runner.builds, "placement": o.placement}
     runner.close()
     print("RESULT " + json.dumps(out, default=str))
@@ -107,8 +130,8 @@ def test_two_ray_nodes_rendezvous_and_a_lost_node(tmp_path):
     endpoints = {a[a.index("--rdzv-endpoint") + 1] for a in ok["argv"]}
     assert ranks == ["0", "1"] and len(endpoints) == 1 and all(a[a.index("--nnodes") + 1] == "2" for a in ok["argv"])
     lost = res["lost"]
-    assert lost["status"] == "lost" and f"node {lost['removed']}" in lost["reason"], lost
+    assert lost["status"] == "lost" and f"node {lost['removed']}" in lost["reason"], (lost, res["took"])
     assert lost["left"] == [], f"processes of the lost trial still running: {lost['left']}"
     again = res["again"]
-    assert again["status"] == "ok" and again["builds"] == 2, again
+    assert again["status"] == "ok" and again["builds"] == 2, (again, res["took"])
     assert lost["removed"] not in {p["node_id"] for p in again["placement"]}

@@ -21,7 +21,10 @@ def test_a_tp_sweep_runs_parity_passing_tp_trials_and_exports_them(ray_address, 
     # The baseline itself at tp 2: the gate's first comparison is a TP layout against the one-rank canonical.
     cfg = load_sweep(SPACE, [f"storage.results_dir={tmp_path}", "tracking.enabled=false", "search.n_trials=3",
                              "search.min_trials=3", "trainer.run.steps=6", "baseline.tensor_parallel.size=2",
-                             "baseline.tensor_parallel.sequence_parallel=true"])
+                             "baseline.tensor_parallel.sequence_parallel=true",
+                             # No settling rounds: they re-run the baseline and the leader (~2/3 of the test's
+                             # time) and this test reads none of them; tests/e2e/test_sweep.py settles winners.
+                             "winner.max_rounds=0"])
     run_sweep(cfg)
     records = read_records(cfg.results_dir / "trials.jsonl")
     canonical, baseline = records[0], records[1]
