@@ -59,13 +59,9 @@ class RayRunner:
         from orchestrator.backends.workers import ClusterTooSmall, GroupStartError
 
         cfgs = cfg if isinstance(cfg, tuple) else (cfg,)
-        # A config of fewer ranks (the canonical run, a suspect of a refused baseline) runs beside rank 0.
-        local = [c.world_size < self.groups[slot].world_size for c in cfgs]
-        if len(cfgs) > 1 and not all(local):
-            raise ValueError(f"configs run together must each have fewer ranks than the worker group "
-                             f"({self.groups[slot].world_size}); got {[c.world_size for c in cfgs]}")
-        what = [c.to_dict() for c in cfgs] if local[0] else cfgs[0].to_dict()
-        if local[0] and "trainer.run" not in sys.modules and not self._importing:
+        local = runs_local(cfg, self.groups[slot].world_size)
+        what = [c.to_dict() for c in cfgs] if local else cfg.to_dict()
+        if local and "trainer.run" not in sys.modules and not self._importing:
             # The driver reads every result with trainer.run, and its first import (torch: ~2.5 s of CPU here) came
             # after the sweep's first run, between runs. A run of fewer ranks than the group leaves a core idle:
             # the import goes there, beside the run (never beside a measured one: it would slow it).
@@ -125,6 +121,14 @@ def _runtime_env(cfg: Any) -> dict | None:
         return cfg.ray.runtime_env
     return {"working_dir": str(REPO_ROOT),
             "excludes": [".venv/", ".git/", "results/", "mlruns/", "**/__pycache__/", ".pytest_cache/"]}
+
+
+def runs_local(cfg: Any, group_world_size: int) -> bool:
+    """Whether a job runs as its own world of local processes beside rank 0 (RankWorker.run_local) rather than on
+    the group's ranks: a config of fewer ranks than the group (the canonical run, a suspect of a refused
+    baseline), and configs run together (a tuple: one world launched for all of them), whatever the group's size
+    (a one-rank group's canonical run and self-check too)."""
+    return isinstance(cfg, tuple) or cfg.world_size < group_world_size
 
 
 def _outcome(cfg: Any, run: Any) -> RunOutcome | tuple[RunOutcome, ...]:

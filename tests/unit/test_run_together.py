@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.backends.ray_runner import _outcome
+from orchestrator.backends.ray_runner import _outcome, runs_local
 from orchestrator.backends.workers import RunDone
 from trainer.config import TrainConfig, apply_overrides
 from trainer.result import RankResult, StepRecord
@@ -56,3 +56,12 @@ def test_a_run_that_failed_as_a_whole_fails_each_config(kind, status):
     outcomes = _outcome((CANONICAL, CHECK), RunDone(None, error, kind, 7.0))
     assert [o.status for o in outcomes] == [status, status]
     assert [o.wall_s for o in outcomes] == [7.0, 0.0]
+
+
+@pytest.mark.parametrize("group,together,local", [(2, False, True), (1, False, False), (1, True, True),
+                                                  (2, True, True)])
+def test_configs_run_together_always_run_as_their_own_local_world(group, together, local):
+    # A one-rank group (resources.world_size 1, two groups side by side) once refused the canonical run and its
+    # self-check together: configs of the group's own size ran on the group, and a tuple cannot.
+    cfg = (CANONICAL, CHECK) if together else CANONICAL
+    assert runs_local(cfg, group) is local
