@@ -6,9 +6,9 @@ hosts, then per message size the out-of-place and in-place time (microseconds), 
 (GB/s, nccl-tests' conventions). Under torchrun (``RANK`` set) it joins that world instead. The output is
 what ``steptune netcal`` reads, so a machine without NCCL walks the same path as a GPU cluster.
 
-Times: each size is run ``warmup`` times untimed, then ``iters`` times between two device synchronisations
-and a barrier; the time of one call is that span over ``iters``, and the slowest rank's is reported (a
-collective is as slow as its last member). torch.distributed has no out-of-place all-reduce, so that
+Times: each size is run ``warmup`` times untimed, then, after a barrier, ``iters`` times in up to five blocks,
+each timed to a device synchronisation; the time of one call is the median block's span over its calls, and the
+slowest rank's is reported (a collective is as slow as its last member). torch.distributed has no out-of-place all-reduce, so that
 column's call copies the input into a separate output buffer first (NCCL's out-of-place call writes one too).
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -67,16 +68,30 @@ def _call(op: str, size: int, device: torch.device, in_place: bool):
     return sendrecv
 
 
+BLOCKS = 5
+"""Timed blocks per size: a size's time is the median over them of a block's time per iteration."""
+
+
 def _time(fn, iters: int, warmup: int, device: torch.device) -> float:
+    """Microseconds per call: the ``iters`` calls in up to ``BLOCKS`` blocks, each timed to a device sync, the
+    median block's time per call, the slowest rank's. nccl-tests averages one block; on a shared host one
+    preempted call then moves a latency-bound size's mean several-fold (a busy neighbour made 8-byte all-reduces
+    look slower than 16 MB ones), and not the median of five blocks. Blocks, not single calls, keep a sync per
+    call from inflating a GPU's small-message latency."""
     for _ in range(warmup):
         fn()
     _sync(device)
     dist.barrier()
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    _sync(device)
-    elapsed = torch.tensor([(time.perf_counter() - start) / iters * 1e6])
+    blocks = min(iters, BLOCKS)
+    per_call = []
+    for b in range(blocks):
+        n = iters // blocks + (1 if b < iters % blocks else 0)
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        _sync(device)
+        per_call.append((time.perf_counter() - start) / n)
+    elapsed = torch.tensor([statistics.median(per_call) * 1e6])
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return float(elapsed)
 
