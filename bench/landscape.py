@@ -43,12 +43,15 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from orchestrator import backends  # noqa: E402
 from orchestrator.parity import verdict as parity
 from orchestrator.backends.ray_trials import RayTrials, TrainerConfigs  # noqa: E402
 from orchestrator.sweep.config import SweepConfig, load_sweep  # noqa: E402
 from orchestrator.search.space import enumerate_space  # noqa: E402
+
+import round_noise  # noqa: E402  (bench/, beside this file)
 
 BUCKET = "data_parallel.bucket_mb"
 
@@ -303,6 +306,16 @@ def summary_md(doc: dict, name: str, top: int = 15) -> str:
             lines.append(f"| {i} | {ratio:.4f} | {ratio / top_ratio - 1:+.1%} | {ref['ratio_median'][k]:.4f} | "
                          f"{len(vals)} | {med * 1e3:.1f} | {(max(vals) - min(vals)) / med:.0%} | "
                          f"{(max(paired) - min(paired)) / statistics.median(paired):.0%} | `{k}` |")
+        n = round_noise.noise(ref)
+        lines += ["", f"Noise in these rounds (`bench/round_noise.py`): a run's log step time spreads by "
+                  f"{n['run_sd']:.1%} (sd, median over configs); runs of one round correlate by "
+                  f"{n['correlation']:.2f} (a round's own effect: {n['round_sd']:.1%}); log(a / b) of two configs "
+                  f"spreads by {n['paired_sd']:.1%} within a round and {n['unpaired_sd']:.1%} across rounds.", "",
+                  "Resampling the rounds (bootstrap, 1000 resamples) of the truth's fastest configs: how often each "
+                  "is the best, within 2%, within 5% of the best.", "",
+                  "| rank | best | within 2% | within 5% |", "|---:|---:|---:|---:|"]
+        for i, (k, h) in enumerate(round_noise.truth_bootstrap(ref).items(), 1):
+            lines.append(f"| {i} | {h['best']:.0%} | {h['within_2']:.0%} | {h['within_5']:.0%} |")
     return "\n".join(lines) + "\n"
 
 
@@ -361,6 +374,9 @@ def main(argv: list[str] | None = None) -> None:
     have = sum(min(len({r["round"] for r in samples.get(key_of(p), [])}), args.repeats) for p in params_list)
     print(f"{len(params_list)} configs x {args.repeats} repeats = {total} runs; {have} already in {log}", flush=True)
     if args.compile_only:
+        if out.exists():  # the measuring command's header stays (its command, start, machine)
+            old = json.loads(out.read_text())
+            header.update({k: old[k] for k in ("command", "repeats", "machine", "started_at") if k in old})
         doc = write(out, header, params_list, samples)
         print(f"wrote {out}: {doc['n_measured']} configs measured; true best {doc['true_best']}")
         return

@@ -172,3 +172,20 @@ def test_settling_draws_are_brought_to_the_landscapes_level():
     assert land.settling_sample("c", 1, random.Random(0)) == pytest.approx(0.10 * 0.27 / 0.26)
     assert land.settling_sample("base", 2, random.Random(0)) == pytest.approx(0.20)
     assert land.settling_sample("c", None, random.Random(0)) == 0.10
+
+
+def test_round_noise_sees_a_shared_round_effect_and_the_bootstrap_a_clear_best():
+    import round_noise
+
+    rng = random.Random(3)
+    state = [rng.uniform(0.7, 1.3) for _ in range(40)]  # each round's machine state, shared by all its runs
+    ref = {"baseline_key": "base", "runs": {
+        "base": {str(n): 0.2 * f * rng.uniform(0.99, 1.01) for n, f in enumerate(state)},
+        "a": {str(n): 0.10 * f * rng.uniform(0.99, 1.01) for n, f in enumerate(state)},
+        "b": {str(n): 0.13 * f * rng.uniform(0.99, 1.01) for n, f in enumerate(state)}}}
+    ref["ratio"] = {"base": 1.0, "a": 0.5, "b": 0.65}
+    n = round_noise.noise(ref)
+    assert n["correlation"] > 0.95 and n["paired_sd"] < 0.03 < n["unpaired_sd"] and n["round_sd"] > 0.1
+    boot = round_noise.truth_bootstrap(ref, resamples=200)
+    assert list(boot) == ["a", "b"] and boot["a"] == {"best": 1.0, "within_2": 1.0, "within_5": 1.0}
+    assert boot["b"]["within_5"] == 0.0
