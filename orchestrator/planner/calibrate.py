@@ -34,11 +34,14 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "pp_bw_eff": (0.02, 0.99), "dp_bw_eff": (0.01, 0.99), "optimizer_bw_eff": (0.02, 0.99), "elementwise_bw_eff": (0.02, 0.99),
     "gemm_tokens_half": (0.0, 1e5), "op_overhead_us": (0.0, 1e5),
     "collective_latency_us": (0.0, 1e5), "dp_latency_us": (0.0, 1e5), "dp_overlap_eff": (0.0, 1.0),
+    "pp_latency_us": (0.0, 1e5), "pass_overhead_us": (0.0, 1e5), "optimizer_tensor_us": (0.0, 1e5),
+    "step_overhead_us": (0.0, 1e6),
     "mem_reserved_gb": (0.0, 100.0), "mem_activation_factor": (0.5, 4.0),
 }
 """Fractions are fitted through a logit between their bounds; the rest through log(x + scale), so a
 parameter starting at 0 can still move."""
 _SCALE = {"gemm_tokens_half": 16.0, "op_overhead_us": 5.0, "collective_latency_us": 20.0, "dp_latency_us": 20.0,
+          "pp_latency_us": 20.0, "pass_overhead_us": 5.0, "optimizer_tensor_us": 1.0, "step_overhead_us": 20.0,
           "mem_reserved_gb": 0.5,
           "mem_activation_factor": 0.1}
 DEFAULT_FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "tp_bw_eff", "dp_bw_eff",

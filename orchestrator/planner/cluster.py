@@ -298,6 +298,19 @@ class Efficiency:
     dispatch, the rendezvous of the ranks), microseconds, in place of the link's hops x latency +
     collective_latency_us for DP buckets; fitted by ``steptune profile`` from 2-rank data-parallel slices at two
     or more bucket sizes. None: priced from the link."""
+    pp_latency_us: float | None = None
+    """Latency of one pipeline send as the trainer's schedule pays it (the send and receive calls, their
+    dispatch, the peer's rendezvous), microseconds, in place of the link's latency + collective_latency_us; fitted
+    by ``steptune profile`` from 2-stage pipeline slices at two microbatch counts. None: priced from the link."""
+    pass_overhead_us: float = 0.0
+    """Fixed cost of one microbatch's forward or backward pass through a model chunk besides its layers'
+    (the schedule's call, autograd's start, the embedding and loss kernels' launches), microseconds. About 0 on
+    a GPU stack (it hides behind the kernels); hundreds on a CPU host, where Python runs every op in line."""
+    optimizer_tensor_us: float = 0.0
+    """Fixed cost per parameter tensor of one optimizer step (a non-fused optimizer's per-tensor loop), microseconds."""
+    step_overhead_us: float = 0.0
+    """Fixed cost of one update outside its passes and buckets (zeroing the gradients, the loss and gradient-norm
+    reductions, the optimizer's launch), microseconds; counted in ``optimizer_s``."""
     dp_overlap_eff: float = 1.0
     """Fraction of the compute window under which overlapped data-parallel buckets progress: 1 where the
     collectives run on their own engine beside the compute (NCCL on GPUs); less where they compete with it for
@@ -333,7 +346,10 @@ class Efficiency:
             check_num(self, "op_overhead_us", lo=0.0)
             check_num(self, "collective_latency_us", lo=0.0)
             check_num(self, "dp_overlap_eff", lo=0.0, hi=1.0)
-            if self.dp_latency_us is not None:
-                check_num(self, "dp_latency_us", lo=0.0)
+            for f in ("dp_latency_us", "pp_latency_us"):
+                if getattr(self, f) is not None:
+                    check_num(self, f, lo=0.0)
+            for f in ("pass_overhead_us", "optimizer_tensor_us", "step_overhead_us"):
+                check_num(self, f, lo=0.0)
             check_num(self, "mem_reserved_gb", lo=0.0)
             check_num(self, "mem_activation_factor", lo=0.5, hi=4.0)

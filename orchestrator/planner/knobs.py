@@ -77,6 +77,12 @@ class Consts:
         measured = getattr(self.eff, "dp_latency_us", None)
         return (self.lat_dp, self.msg_s) if measured is None else (0.0, float(measured) * 1e-6)
 
+    def pp_latency(self) -> tuple[float, float]:
+        """(seconds per hop, seconds per message) of a pipeline send: the link's and collective_latency_us, or,
+        when efficiency.pp_latency_us is measured, 0 per hop and that per message."""
+        measured = getattr(self.eff, "pp_latency_us", None)
+        return (self.lat_pp, self.msg_s) if measured is None else (0.0, float(measured) * 1e-6)
+
     @classmethod
     def of(cls, cfg: PlanConfig, eff: object | None = None) -> "Consts":
         c, m, par, tp = cfg.cluster, cfg.model, cfg.parallel, cfg.tensor_parallel.size

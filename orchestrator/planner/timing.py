@@ -37,7 +37,8 @@ import numpy as np
 from .comm import (all_gather_time, all_reduce_time, bucket_tail, bucketed_time, bulk_overlap_exposed,
                    bus_bandwidth, exposed_after_slack, p2p_time, pipelined_overlap_exposed, reduce_scatter_time)
 from .fsdp import fsdp_times
-from .knobs import Consts, Knobs, col, interleaved_warmup, op_kept_gemms, recomputed_layers, stage_params, state_bytes
+from .knobs import (Consts, Knobs, col, interleaved_warmup, op_kept_gemms, recomputed_layers, stage_params,
+                    stage_tensors, state_bytes)
 from .memory import ACTIVATION_SCALE
 
 TP_OPS_FWD = 4
@@ -129,7 +130,7 @@ def p2p_send(C: Consts, T: np.ndarray) -> np.ndarray:
     pipeline, on by default) sends a 1/t slice per rank and all-gathers the slices over NVLink on arrival.
     """
     gather = 0.0 if C.sp else _ring(C.t, 2.0 * T * C.h, C.bw_tp, C.lat_tp, C.msg_s)
-    return p2p_time(2.0 * T * C.h / C.t, C.bw_pp, C.lat_pp, C.msg_s) + gather
+    return p2p_time(2.0 * T * C.h / C.t, C.bw_pp, *C.pp_latency()) + gather
 
 
 def p2p_exposed(C: Consts, K: Knobs, send: np.ndarray, chunk_fwd: np.ndarray) -> np.ndarray:
@@ -159,8 +160,10 @@ def stage_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     rec_tp = (n_rec * col(lc["f_tp"]) + np.where(selective, Lk * col(lc["sel_tp"]), 0.0)
               + np.where(op, Lk * col(lc["op_tp"]), 0.0))
     head_f = last * col(lc["lm_f"])
-    f_comp = Lk * col(lc["f_comp"]) + head_f
-    b_comp = Lk * col(lc["b_comp"]) + 2.0 * head_f
+    # Every chunk pass pays the fixed cost of a call into the chunk, whatever its layers (v passes per microbatch).
+    passes = col(K.v.astype(float)) * float(getattr(C.eff, "pass_overhead_us", 0.0)) * 1e-6
+    f_comp = Lk * col(lc["f_comp"]) + head_f + passes
+    b_comp = Lk * col(lc["b_comp"]) + 2.0 * head_f + passes
     f_tp = Lk * col(lc["f_tp"])
     b_tp = Lk * col(lc["b_tp"])
     return {"f_comp": f_comp, "b_comp": b_comp, "rec_comp": rec_comp, "f_tp": f_tp, "b_tp": b_tp,
@@ -270,7 +273,9 @@ def step_times(C: Consts, K: Knobs) -> dict[str, np.ndarray]:
     _, grad_bytes = state_bytes(C, K)
     adam = ADAM_BYTES if C.precision == "mixed" else TORCH_ADAM_BYTES
     opt_bytes = P / shard * (adam + grad_bytes[:, None])
-    optimizer = (opt_bytes / (C.hbm_bw * C.eff.optimizer_bw_eff)).max(axis=1)
+    per_tensor = stage_tensors(C, K) * float(getattr(C.eff, "optimizer_tensor_us", 0.0)) * 1e-6
+    optimizer = (opt_bytes / (C.hbm_bw * C.eff.optimizer_bw_eff) + per_tensor).max(axis=1) \
+        + float(getattr(C.eff, "step_overhead_us", 0.0)) * 1e-6
     out = {
         "forward_s": m * at(st["f_comp"]),
         "backward_s": m * at(st["b_comp"]),

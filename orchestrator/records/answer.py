@@ -346,6 +346,16 @@ def _differs(c: ConfigFigure, leader: ConfigFigure, rule: SettleRule) -> bool:
     return c.interval[0] > leader.interval[1] * (1 + rule.threshold)
 
 
+def interval_state(low: float, high: float, target_s: float) -> str:
+    """The target verdict of an interval: ``met`` when all of it is at or under the target, ``not met`` when all of
+    it is above, else ``undecided``. The one rule: the sweep's answer and the planner's predictions (``plan``) use it."""
+    if high <= target_s:
+        return MET
+    if low > target_s:
+        return NOT_MET
+    return UNDECIDED
+
+
 def _verdict(win: ConfigFigure, target: Any, baseline_s: float | None, rule: SettleRule) -> TargetVerdict:
     target_s = target.seconds(baseline_s)
     if target.kind == "none" or target_s is None:
@@ -362,10 +372,9 @@ def _verdict(win: ConfigFigure, target: Any, baseline_s: float | None, rule: Set
         lo, hi = ci_ratio(vals, rule.confidence, rule.resamples) if len(vals) > 1 else \
             _runs_interval(vals, rule.single_run_spread, False)
         point, n = statistics.median(vals), len(vals)
-    if hi <= target_s:
-        return TargetVerdict(MET, target_s, (lo, hi), None, paired)
-    if lo > target_s:
-        return TargetVerdict(NOT_MET, target_s, (lo, hi), None, paired)
+    state = interval_state(lo, hi, target_s)
+    if state != UNDECIDED:
+        return TargetVerdict(state, target_s, (lo, hi), None, paired)
     gap, half = abs(point - target_s), (hi - lo) / 2
     more = None if gap <= 0 or win.predicted else max(1, math.ceil(n * (half / gap) ** 2) - n)
     return TargetVerdict(UNDECIDED, target_s, (lo, hi), more, paired)
