@@ -1,29 +1,28 @@
-"""Slices predict what they never ran: the planner calibrated from 1-2 layer slices of a sweep's model and a gloo
-netcal table on this machine, judged on every config of that sweep's measured landscape (bench/landscape.py).
+"""Slices predict what they never ran: the planner calibrated from slices of a sweep's model at the job's density,
+judged on that model's landscape, each prediction with its 90% interval; on two models, measured on one host in
+one run.
 
-    PYTHONPATH=. .venv/bin/python bench/slice_proof.py [--config search_spaces/default.yaml]
-        [--landscape bench/results/landscape_default.json] [--steps 8] [--repeats 3] [--refit-trials 20]
-        [--seed 0] [--out bench/results/slice_proof.md]
+    PYTHONPATH=. .venv/bin/python bench/slice_proof.py --measure-landscape [--config search_spaces/default.yaml
+        --config search_spaces/wide-cpu.yaml] [--sample 80] [--landscape-repeats 3] [--slice-repeats 6]
+    PYTHONPATH=. .venv/bin/python bench/slice_proof.py --landscape bench/results/landscape_default.json
 
-1. Network: ``steptune netcal --measure 2 --ops all_reduce,all_gather`` over cpu-local.yaml (gloo, 2 ranks on
-   this host) -> ``<out>_cluster.yaml`` (+ the two nccl-tests-format tables beside it).
-2. Compute and data-parallel communication: ``slices.derive_any`` of ``--config`` (its trainer section) at 1 and
-   2 ranks, 1 and 2 layers (pp 1), every micro-batch size and recompute kind of the space once each, plus the
-   2-rank data-parallel slices (each bucket size of the space, overlap off and on); every slice ``--repeats``
-   times, round by round; compute fitted with ``profile.fit_slices`` on each slice's median run, DP
-   communication with ``commfit.fit_dp_comm`` (medians, bootstrap intervals) -> ``<out>_calibration.yaml``.
-3. Three planners predict every landscape config (``guided.PlannerRanking``: ``prefilter.plan_for_trial`` as a
-   sweep maps it): priors (cpu-local.yaml as is); slice-calibrated (1 + 2); refitted on the first
-   ``--refit-trials`` runs a guided replay (bench/replay.py's ``guided`` strategy, seed ``--seed``) measures,
-   i.e. the guided sampler's own online refit (``PlannerRanking.refit``) on those runs.
-Reported per planner: median and worst |error| against each config's measured median step time, Spearman rank
-correlation, and whether the predicted-best config's measured median is within 5% of the measured best; then
-where the error comes from, by knob family and per phase (the landscape stores the trainer's phase times).
+**--measure-landscape** (``bench/proof_measure.py``): for each ``--config`` (default: the default sweep and
+``search_spaces/wide-cpu.yaml``, another shape), its landscape (every config, or a stratified sample of
+``--sample``, each run ``--landscape-repeats`` times) and its slices (``slices.derive_any`` at the job's density:
+compute at 1 and 2 layers, data-parallel, pipeline; each ``--slice-repeats`` times), all models' runs in the same
+interleaved rounds on one warm Ray worker group; the network first (``steptune netcal --measure 2``, repeated until
+each table's fit error is <= 20% or its cap). Samples: ``<out-dir>/<name>.samples.jsonl`` (resumable), each model's
+landscape as ``<name>_<model>.json`` (bench/landscape.py's format: bench/replay.py reads it).
+**--landscape FILE** (one committed landscape, measured earlier on this hardware): only the slices are measured now.
 
-Refused before anything runs: a landscape measured for another sweep file than ``--config``, or on other
-hardware than this host (its ``machine.cpu`` against this CPU model): slices of one machine say nothing about
-another's landscape. ``--other-hardware`` runs it anyway and the report is headed as a cross-hardware
-diagnostic, not a proof.
+Then, per model: the slices fitted (``plan.slicefit``: what they pin down, each fitted parameter with its interval
+over the rounds, the rest held and named), and every landscape config predicted by the priors (the cluster
+file as is) and by the slice calibration, with its 90% interval (``planner.uncertainty``). Reported against each
+config's measured median: median and worst |error|, Spearman rank correlation, whether the predicted best is
+within 5% of the measured best, how many measured medians the intervals hold, and how many runs a guided search
+started from the slice calibration needs to come within 2% of the best (bench/replay.py's guided strategy, seeds
+0..``--seeds``-1). Refused before anything runs: a landscape measured for another sweep file than ``--config``, or
+on other hardware (``--other-hardware`` runs it anyway, headed as a diagnostic).
 """
 
 from __future__ import annotations
@@ -41,30 +40,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import numpy as np
 import optuna
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import landscape as LS  # noqa: E402
+import proof_measure as PM  # noqa: E402
 import replay as R  # noqa: E402
 
-from orchestrator.plan import commfit, guided, hardware  # noqa: E402
+from orchestrator.plan import guided, hardware, slicefit  # noqa: E402
 from orchestrator.plan.calibration import DEFAULT_CLUSTER, write_calibration  # noqa: E402
 from orchestrator.plan.prefilter import load_cluster  # noqa: E402
-from orchestrator.plan.prefilter import plan_for_trial  # noqa: E402
-from orchestrator.plan.profile import fit_slices, hardware_name, now, run_slices as run_on  # noqa: E402
-from orchestrator.plan.stability import median_run  # noqa: E402
-from orchestrator.plan.slices import SlicePlan, derive_any  # noqa: E402
 from orchestrator.planner import predict  # noqa: E402
+from orchestrator.planner.uncertainty import intervals  # noqa: E402
 
-GOALS = {"median_abs_err_pct": 10.0, "spearman": 0.9, "best_within_pct": 5.0}
-"""Issues 23 and 28: what the slice-calibrated planner must reach."""
+GOALS = {"median_abs_err_pct": 10.0, "spearman": 0.9, "best_within_pct": 5.0, "coverage_pct": 80.0,
+         "guided_runs": 3}
+"""Issue 35: what the slice-calibrated planner must reach on each landscape."""
 PHASES = {"forward": ("forward_s",), "backward": ("backward_s", "recompute_s"), "optimizer": ("optimizer_s",),
           "dp_comm_wait": ("dp_exposed_s",), "pipeline_idle": ("pp_bubble_s", "pp_p2p_s")}
 """The trainer's phase (as the landscape stores it) -> the planner's terms that price it."""
+DEFAULT_CONFIGS = ("search_spaces/default.yaml", "search_spaces/wide-cpu.yaml")
 
 
 @dataclass(frozen=True)
@@ -78,6 +76,10 @@ class Verdict:
     predicted_best_key: str
     predicted_best_measured_s: float
     true_best_s: float
+    coverage_pct: float | None = None
+    """Share of configs whose measured median lies in the prediction's 90% interval (None: no interval)."""
+    median_width_pct: float | None = None
+    """The intervals' median width, relative to the point."""
 
     @property
     def best_gap_pct(self) -> float:
@@ -86,77 +88,38 @@ class Verdict:
 
 
 def measure_network(out: Path) -> Path:
+    """``steptune netcal --measure 2`` (gloo all-reduce and all-gather between 2 local ranks), repeated until each
+    table's fit error is <= 20% or netcal's cap: the cluster file the slices are fitted against."""
     cmd = [sys.executable, "-m", "orchestrator", "netcal", "--measure", "2", "--ops", "all_reduce,all_gather",
            "--base", DEFAULT_CLUSTER, "--out", _rel(out)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"netcal failed: {done.stderr.strip().splitlines()[-1:]}")
-    print("\n".join(line for line in done.stdout.splitlines() if line.strip()))
+    print("\n".join(line for line in (done.stdout + done.stderr).splitlines() if line.strip()))
     return out
 
 
-def run_slices(sweep: Mapping[str, Any], steps: int, repeats: int) -> tuple[SlicePlan, list[Any], tuple, dict, float]:
-    """Every slice ``repeats`` times, round by round; (the compute slices that ran, their median runs, the DP
-    slices, every run per slice name, seconds)."""
-    plan, comm = derive_any(sweep, [1, 2], [1, 2], steps=steps)
-    every = list(plan.slices) + list(comm)
-    t0 = time.perf_counter()
-    runs: dict[str, list[Any]] = {s.name: [] for s in every}
-    for rnd in range(repeats):
-        results, _ = run_on([s.config for s in every], "cpu", None)
-        for s, r in zip(every, results):
-            if isinstance(r, BaseException):
-                print(f"slice {s.name} (round {rnd + 1}) failed: {str(r).splitlines()[0][:200]}")
-            else:
-                runs[s.name].append(r)
-    kept = [s for s in plan.slices if runs[s.name]]
-    return (dataclasses.replace(plan, slices=tuple(kept)), [median_run(runs[s.name]) for s in kept], comm, runs,
-            time.perf_counter() - t0)
-
-
-def same_hardware(land: R.Landscape, config: Path, allow_other: bool) -> str | None:
+def same_hardware(land_doc: dict, config: Path, allow_other: bool) -> str | None:
     """Refuse (SystemExit) a landscape of another sweep file or another machine; with ``allow_other`` the
     hardware difference is returned for the report's heading instead."""
-    src = land.doc.get("source")
+    src = land_doc.get("source")
     if src and Path(src).resolve() != config.resolve() and (ROOT / src).resolve() != config.resolve():
         raise SystemExit(f"--landscape was measured for {src}, --config is {_rel(config)}: give the sweep file it "
                          f"was measured for")
-    theirs, ours = str(land.doc["machine"].get("cpu", "?")), hardware.cpu_model().removeprefix("CPU: ")
+    theirs, ours = str(land_doc["machine"].get("cpu", "?")), hardware.cpu_model().removeprefix("CPU: ")
     if theirs == ours:
         return None
-    why = (f"the landscape was measured on {theirs} ({land.doc['machine'].get('cpus')} CPUs), this host is {ours} "
+    why = (f"the landscape was measured on {theirs} ({land_doc['machine'].get('cpus')} CPUs), this host is {ours} "
            f"({os.cpu_count()} CPUs)")
     if not allow_other:
-        raise SystemExit(f"refused: {why}; slices of this machine say nothing about that landscape. Measure the "
-                         f"landscape here (bench/landscape.py --config {_rel(config)}) or run this on that machine "
-                         f"(--other-hardware runs it anyway, as a labelled diagnostic)")
+        raise SystemExit(f"refused: {why}; slices of this machine say nothing about that landscape. Measure both "
+                         f"here in one run (bench/slice_proof.py --measure-landscape --config {_rel(config)}) or run "
+                         f"this on that machine (--other-hardware runs it anyway, as a labelled diagnostic)")
     return why
 
 
-def guided_lines(land: R.Landscape, ranking: guided.PlannerRanking, seed: int, n: int) -> list[Any]:
-    """The first ``n`` runs of a guided replay (bench/replay.py's loop, baseline first), as ledger lines."""
-    rng = random.Random(seed)
-    lines: list[Any] = []
-    sampler = R.make_sampler("guided", land, seed, lambda: lines, ranking)
-    study = optuna.create_study(direction="minimize", sampler=sampler)
-    cfg, configs = land.cfg, land.configs
-    study.enqueue_trial(configs.baseline_params(cfg.space))
-    seen: dict[str, float] = {}
-    for _ in range(20 * n):  # repeated proposals cost no run; bounded all the same
-        if len(lines) == n:
-            break
-        trial = study.ask()
-        params, _ = R.suggest(trial, cfg.space, configs.fixed, configs.split_context)
-        exact, row = guided.key_of(params), land.rows[land.key(params)]
-        if exact not in seen:
-            i = rng.randrange(len(row["step_time_samples_s"]))
-            seen[exact] = row["step_time_samples_s"][i]
-            lines.append(R._line(land, trial.number, params, row, i))
-        R._tell(study, trial, seen[exact], row)
-    return lines
-
-
-def verdict(name: str, pred: Mapping[str, float], land: R.Landscape) -> Verdict:
+def verdict(name: str, pred: Mapping[str, float], land: R.Landscape,
+            iv: Mapping[str, Any] | None = None) -> Verdict:
     from scipy.stats import spearmanr
 
     rows = [r for r in land.rows.values() if R.Landscape.usable(r) and r["key"] in pred]
@@ -164,8 +127,43 @@ def verdict(name: str, pred: Mapping[str, float], land: R.Landscape) -> Verdict:
     worst = max(errs, key=lambda k: abs(errs[k]))
     best = min(rows, key=lambda r: pred[r["key"]])
     rho = spearmanr([pred[r["key"]] for r in rows], [r["median_s"] for r in rows]).statistic
+    cover = width = None
+    if iv:
+        held = [iv[r["key"]].contains(r["median_s"]) for r in rows if r["key"] in iv]
+        cover = 100.0 * sum(held) / len(held)
+        width = 100.0 * statistics.median((iv[k].high - iv[k].low) / iv[k].point for k in iv)
     return Verdict(name, len(rows), statistics.median(abs(e) for e in errs.values()), abs(errs[worst]), worst,
-                   float(rho), best["key"], best["median_s"], land.best_s)
+                   float(rho), best["key"], best["median_s"], land.best_s, cover, width)
+
+
+def guided_lines(land: R.Landscape, ranking: guided.PlannerRanking, seed: int, n: int) -> list[Any]:
+    """The first ``n`` runs of a guided replay (bench/replay.py's loop, baseline first), as ledger lines. A config
+    a sampled landscape did not measure is skipped as bench/replay.py skips it: a trial, but no run."""
+    rng = random.Random(seed)
+    lines: list[Any] = []
+    sampler = R.make_sampler("guided", land, seed, lambda: lines, ranking)
+    study = optuna.create_study(direction="minimize", sampler=sampler)
+    cfg, configs = land.cfg, land.configs
+    base = configs.baseline_params(cfg.space)
+    study.enqueue_trial(base)
+    skipped = 10.0 * land.rows[land.key(base)]["median_s"]
+    seen: dict[str, float] = {}
+    for _ in range(20 * n):  # repeated proposals cost no run; bounded all the same
+        if len(lines) == n:
+            break
+        trial = study.ask()
+        params, _ = R.suggest(trial, cfg.space, configs.fixed, configs.split_context)
+        exact, row = guided.key_of(params), land.rows.get(land.key(params))
+        if row is None or not R.Landscape.usable(row):
+            R._tell(study, trial, skipped, None)
+            continue
+        if exact not in seen:
+            i = rng.randrange(len(row["step_time_samples_s"]))
+            seen[exact] = row["step_time_samples_s"][i]
+            lines.append(R._line(land, trial.number, params, row, i))
+        R._tell(study, trial, seen[exact], row)
+    return lines
+
 
 
 def families(params: Mapping[str, Any]) -> list[str]:
@@ -209,6 +207,8 @@ def phase_table(rankings: Mapping[str, guided.PlannerRanking], land: R.Landscape
     for name, rk in rankings.items():
         per = predicted[name] = {ph: {} for ph in PHASES}
         for k, plan in rk.plans.items():
+            if k not in land.rows:
+                continue
             p = predict(dataclasses.replace(plan, efficiency=rk.efficiency))
             for ph, terms in PHASES.items():
                 per[ph][k] = sum(getattr(p, t) for t in terms)
@@ -228,90 +228,6 @@ def phase_table(rankings: Mapping[str, guided.PlannerRanking], land: R.Landscape
     return lines
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    from results_file import write_and_print
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", help="the sweep file the landscape was measured for (default: the landscape's own)")
-    ap.add_argument("--landscape", default=str(ROOT / "bench/results/landscape_default.json"))
-    ap.add_argument("--steps", type=int, default=8, help="updates per slice, the first a warm-up (default: 8)")
-    ap.add_argument("--repeats", type=int, default=3, help="runs of every slice, round by round (default: 3)")
-    ap.add_argument("--refit-trials", type=int, default=20)
-    ap.add_argument("--seed", type=int, default=0, help="the guided replay's seed for the refit planner")
-    ap.add_argument("--other-hardware", action="store_true",
-                    help="compare even when the landscape was measured on another machine (a labelled diagnostic)")
-    ap.add_argument("--out", default=str(ROOT / "bench/results/slice_proof.md"))
-    args = ap.parse_args(argv)
-    land = R.Landscape.load(args.landscape)
-    config = Path(args.config or ROOT / land.doc.get("source", "search_spaces/default.yaml"))
-    cross = same_hardware(land, config, args.other_hardware)  # refuses before anything runs
-    sweep = yaml.safe_load(config.read_text())
-    out = Path(args.out)
-    t0 = time.perf_counter()
-    started = now()
-    cluster_path = measure_network(out.with_name(out.stem + "_cluster.yaml"))
-    net_s = time.perf_counter() - t0
-    cluster, net_eff = load_cluster(cluster_path)  # netcal set dp/pp/tp_bw_eff to 1: one host, measured link
-    plan, results, comm, runs, slices_s = run_slices(sweep, args.steps, args.repeats)
-    fitted = fit_slices(plan, results, cluster, net_eff)
-    slice_eff = fitted.calibration.efficiency
-    comm_fit, comm_note = None, ""
-    obs = [commfit.DPObservation(c.name, plan_for_trial(c.config, cluster, slice_eff), tuple(
-        float((r.phases.get("dp_comm_wait") or {}).get("max") or 0.0) for r in runs[c.name]))
-        for c in comm if runs[c.name]]
-    try:
-        comm_fit = commfit.fit_dp_comm(obs, slice_eff)
-        if comm_fit.refusal:
-            comm_note = f"refused: {comm_fit.refusal}"
-        else:
-            slice_eff = comm_fit.efficiency(slice_eff)
-    except ValueError as e:
-        comm_note = f"refused: {e}"
-    name = sweep.get("name", config.stem)
-    cal_path = out.with_name(out.stem + "_calibration.yaml")
-    write_calibration(dataclasses.replace(fitted.calibration, efficiency=dataclasses.replace(
-        slice_eff, basis="fitted", basis_note=f"bench/slice_proof.py: slices of the {name} sweep on this host"),
-        fitted={**fitted.calibration.fitted, **(comm_fit.values if comm_fit and not comm_note else {})}),
-        cal_path, cluster_file=_rel(cluster_path),
-        provenance={"basis": "measured", "command": "bench/slice_proof.py", "date": started,
-                    **hardware.identity(results, cluster.peak_tflops), "shape": dict(plan.shape),
-                    "repeats": args.repeats,
-                    "slices": [{"name": n, "measured_step_s": round(raw, 6), "fitted_step_s": round(p, 6)}
-                               for n, raw, _, p in fitted.rows],
-                    "dp_comm": commfit.provenance(comm_fit) if comm_fit else comm_note,
-                    "fitted": sorted(fitted.calibration.fitted),
-                    "network": f"{cluster_path.name} (steptune netcal --measure 2)"},
-        header=f"# Planner efficiency fitted by bench/slice_proof.py to 1-2 layer slices of the {name} sweep.\n"
-               "# Use it as sampler.calibration=THIS (guided) or prefilter.calibration; only efficiency: is read back.\n")
-
-    n_float = len(next(iter(land.floats.values()), [0, 0, 0]))
-    prior_cluster, prior_eff = load_cluster(ROOT / DEFAULT_CLUSTER)
-    prior = guided.PlannerRanking(land.cfg.space, land.configs, prior_cluster, prior_eff, n_float=n_float)
-    sliced = guided.PlannerRanking(land.cfg.space, land.configs, cluster, slice_eff, n_float=n_float)
-    lines = guided_lines(land, prior, args.seed, args.refit_trials)
-    refit = prior.fresh()
-    refit.refit(lines)
-    rankings = {"priors": prior, "slice-calibrated": sliced, f"refit on {args.refit_trials} guided trials": refit}
-    preds = {n: r.predictions() for n, r in rankings.items()}
-    verdicts = [verdict(n, p, land) for n, p in preds.items()]
-    guided_runs = runs_to_best(land, sliced, range(5))
-    wall = time.perf_counter() - t0
-    doc = {"command": _command(args), "date": started, "wall_s": round(wall, 1), "netcal_s": round(net_s, 1),
-           "slices_s": round(slices_s, 1), "landscape": Path(args.landscape).name, "config": _rel(config),
-           "sweep_name": name, "cross_hardware": cross,
-           "landscape_measured": [land.doc.get("first_run_at"), land.doc.get("last_run_at")],
-           "goals": GOALS, "cluster_file": cluster_path.name, "calibration_file": cal_path.name,
-           "slice_fit": {"fitted": fitted.calibration.fitted,
-                         "rows": [{"name": n, "measured_s": raw, "compared_s": m, "fitted_s": p}
-                                  for n, raw, m, p in fitted.rows]},
-           "dp_comm": commfit.provenance(comm_fit) if comm_fit else None, "dp_comm_note": comm_note,
-           "guided_runs_to_within_2pct": guided_runs,
-           "hardware": hardware_name(results), "load_average": _loadavg(),
-           "refit_trials": [land.key(_params(land, ln)) for ln in lines],
-           "planners": [{**dataclasses.asdict(v), "best_gap_pct": v.best_gap_pct} for v in verdicts]}
-    out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
-    write_and_print(report(doc, verdicts, fitted, comm_fit, rankings, preds, land, args, lines), out)
-
 
 def runs_to_best(land: R.Landscape, ranking: guided.PlannerRanking, seeds: Any, frac: float = 0.02,
                  cap: int = 40) -> list[int | None]:
@@ -330,103 +246,6 @@ def _params(land: R.Landscape, line: Any) -> dict[str, Any]:
     return next(r["params"] for r in land.rows.values() if R._CONFIGS.get(r["key"]) is line.config)
 
 
-def _command(args: Any) -> str:
-    extra = (f" --config {args.config}" if args.config else "") + (
-        f" --landscape {_rel(Path(args.landscape))}" if args.landscape else "") + (
-        " --other-hardware" if args.other_hardware else "")
-    return (f"PYTHONPATH=. .venv/bin/python bench/slice_proof.py{extra} --steps {args.steps} --repeats "
-            f"{args.repeats} --refit-trials {args.refit_trials} --seed {args.seed}")
-
-
-def report(doc: dict, verdicts: list[Verdict], fitted: Any, comm_fit: Any, rankings: Mapping[str, guided.PlannerRanking],
-           preds: Mapping[str, Mapping[str, float]], land: R.Landscape, args: Any, lines: list[Any]) -> str:
-    m = land.doc["machine"]
-    name = doc["sweep_name"]
-    usable = [r for r in land.rows.values() if R.Landscape.usable(r)]
-    spreads = [r["spread_rel"] for r in usable if r.get("spread_rel") is not None]
-    sl = rankings["slice-calibrated"]
-    title = ("# Slices against a landscape of OTHER hardware: a diagnostic, not a proof" if doc["cross_hardware"]
-             else "# Slices predict what they never ran")
-    net = yaml.safe_load((Path(args.out).parent / doc["cluster_file"]).read_text())
-    tables = ", ".join(f"{s_['collective']} fit error {100 * s_['fit_rel_rms']:.0f}%"
-                       for s_ in net["provenance"]["sources"])
-    out = [title, ""]
-    if doc["cross_hardware"]:
-        out += [f"**Not the same hardware: {doc['cross_hardware']}.** The figures below compare slices of this "
-                "host with a landscape of another; they say whether the pricing ranks configs the same way, not "
-                "how well slices predict their own machine.", ""]
-    out += [
-        "Command (netcal + slices + predictions; this run took "
-        f"{doc['wall_s']:.0f} s: netcal {doc['netcal_s']:.0f} s, slices {doc['slices_s']:.0f} s):", "",
-        f"    {doc['command']}", "",
-        f"Run {doc['date']} on {doc['hardware']} (1-minute load average at the end: {doc['load_average']}). "
-        f"Landscape `{doc['landscape']}`: {len(usable)} configs of the `{name}` space (`{doc['config']}`) measured "
-        f"{str(doc['landscape_measured'][0])[:16]} to {str(doc['landscape_measured'][1])[:16]} UTC on {m['cpu']}, "
-        f"{m['cpus']} CPUs (median run-to-run spread of a config: {100 * statistics.median(spreads):.0f}%); the "
-        f"slices and netcal ran today, under other sessions' load. Errors are against each config's median of "
-        f"{land.doc['repeats']} runs.", "",
-        "## Calibration, from slices only", "",
-        f"Network: `{doc['cluster_file']}` (`steptune netcal --measure 2 --ops all_reduce,all_gather --base "
-        f"{DEFAULT_CLUSTER}`; gloo, 2 ranks): intra-node bus bandwidth {sl.cluster.intra_node_bw_GBps:.3g} GB/s, "
-        f"latency {sl.cluster.intra_node_latency_us:.0f} us per hop ({tables}; the cpu-local prior: "
-        f"{rankings['priors'].cluster.intra_node_bw_GBps:.3g} GB/s, "
-        f"{rankings['priors'].cluster.intra_node_latency_us:.0f} us); netcal wrote dp/pp/tp_bw_eff 1 (one host: "
-        f"every group runs over the measured link).", "",
-        f"Compute: {len(fitted.rows)} slices (`slices.derive_any` of the `{name}` sweep's trainer section: "
-        f"{', '.join(f'{k} {v}' for k, v in sorted(land.doc.get('trainer', {}).get('model', {}).items()))}; 1 and 2 "
-        f"layers, 1 and 2 ranks, pp 1, each micro-batch size and recompute kind of the space once; {args.steps} "
-        f"updates of which 1 warm-up; {args.repeats} rounds, each slice's median run), fitted with "
-        f"`profile.fit_slices` (2-rank slices on their phases only) -> `{doc['calibration_file']}`:", "",
-        "| slice | measured step (ms, median run) | fitted (ms) | error |", "|---|---:|---:|---:|",
-        *[f"| {n} | {1e3 * m_:.1f} | {1e3 * p:.1f} | {100 * (p - m_) / m_:+.0f}% |" for n, _, m_, p in fitted.rows],
-        "", "fitted: " + ", ".join(f"{k} = {v:.4g}" for k, v in fitted.calibration.fitted.items()), "",
-        "Data-parallel communication (`commfit.fit_dp_comm`: 2-rank, most-layers slices at each bucket size, "
-        "overlap off and on; each slice's median `dp_comm_wait` over its rounds; 90% intervals by bootstrap over "
-        "the rounds):", ""]
-    if comm_fit is not None:
-        out += ["```", commfit.format_comm_fit(comm_fit), "```", ""]
-    if doc["dp_comm_note"]:
-        out += [f"DP fit {doc['dp_comm_note']}; the slice-calibrated planner keeps the cluster file's DP terms.", ""]
-    out += ["## Every landscape config predicted", "",
-            "| planner | configs | median abs error | worst abs error | Spearman | predicted best: its measured median "
-            "vs the true best |", "|---|---:|---:|---:|---:|---|"]
-    for v in verdicts:
-        out.append(f"| {v.name} | {v.n} | {v.median_abs_err_pct:.1f}% | {v.worst_abs_err_pct:.0f}% | "
-                   f"{v.spearman:.3f} | {1e3 * v.predicted_best_measured_s:.1f} ms vs {1e3 * v.true_best_s:.1f} ms: "
-                   f"{v.best_gap_pct:+.1f}% ({'within' if v.best_gap_pct <= GOALS['best_within_pct'] else 'NOT within'} 5%) |")
-    refit_keys = [land.key(_params(land, ln)) for ln in lines]
-    out += ["", f"The refit planner: the guided sampler's own refit (`PlannerRanking.refit`, fields "
-            f"`guided.FIT`, from the cpu-local priors) on the first {len(lines)} runs of a guided replay "
-            f"(bench/replay.py's `guided` strategy, seed {args.seed}). "
-            f"{sum(k in set(refit_keys) for k in land.rows)} distinct configs; their errors count in its column, "
-            f"so it is partly judged on what it was fitted to, unlike the other two."]
-    s = next(v for v in verdicts if v.name == "slice-calibrated")
-    g = doc["guided_runs_to_within_2pct"]
-    g_med = statistics.median(x if x is not None else 10 ** 6 for x in g)
-    goals = [("median abs error <= 10%", s.median_abs_err_pct <= GOALS["median_abs_err_pct"],
-              f"{s.median_abs_err_pct:.1f}%"),
-             ("Spearman >= 0.9", s.spearman >= GOALS["spearman"], f"{s.spearman:.3f}"),
-             ("predicted best within 5% of the true best", s.best_gap_pct <= GOALS["best_within_pct"],
-              f"{s.best_gap_pct:+.1f}%"),
-             ("guided search from the slice calibration within 2% of the best in <= 3 runs (median over seeds 0-4)",
-              g_med <= 3, f"runs per seed: {', '.join(str(x) if x else '>40' for x in g)}")]
-    true_key = min(usable, key=lambda r: r["median_s"])["key"]
-    out += ["", "The predicted best against the true best, each planner's prediction and the measured median:", "",
-            "| config | measured (ms) | " + " | ".join(f"{v.name} (ms)" for v in verdicts) + " |",
-            "|---|---:|" + "---:|" * len(verdicts)]
-    for label, k in [("true best", true_key)] + [(f"{v.name}'s pick", v.predicted_best_key) for v in verdicts]:
-        out.append(f"| {label}: `{k}` | {1e3 * land.rows[k]['median_s']:.1f} | "
-                   + " | ".join(f"{1e3 * preds[v.name][k]:.1f}" for v in verdicts) + " |")
-    out += ["", "## Goals (slice-calibrated)", "",
-            *[f"- {g_}: {'met' if ok else 'MISSED'} ({val}" + ("" if ok or 'guided' in g_ else _by(g_, s)) + ")"
-              for g_, ok, val in goals],
-            "", "## Where the error is", "", where_text(s, true_key, land, rankings), "",
-            "Median signed error (predicted / measured - 1) per group of configs:", "",
-            *family_table(preds, land), "",
-            "Per phase (the landscape keeps the trainer's phase times; each rank's sum over microbatches, the "
-            "slowest rank), predicted by each planner's breakdown:", "", *phase_table(rankings, land), ""]
-    return "\n".join(out)
-
 
 def where_text(v: Verdict, true_key: str, land: R.Landscape, rankings: Mapping[str, guided.PlannerRanking]) -> str:
     """The slice-calibrated planner's miss in words, from the data: how its pick differs from the true best,
@@ -439,6 +258,8 @@ def where_text(v: Verdict, true_key: str, land: R.Landscape, rankings: Mapping[s
     for ph, terms in PHASES.items():
         e = []
         for k, plan in rk.plans.items():
+            if k not in land.rows:
+                continue
             meas = (land.rows[k].get("phases_median_s") or {}).get(ph)
             if meas and meas > 1e-3 and R.Landscape.usable(land.rows[k]):
                 p = predict(dataclasses.replace(plan, efficiency=rk.efficiency))
@@ -454,12 +275,263 @@ def where_text(v: Verdict, true_key: str, land: R.Landscape, rankings: Mapping[s
     return f"Slice-calibrated planner: {pick_txt}{phase_txt}"
 
 
-def _by(goal: str, v: Verdict) -> str:
-    if goal.startswith("median"):
-        return f", {v.median_abs_err_pct - GOALS['median_abs_err_pct']:.1f} points over"
-    if goal.startswith("Spearman"):
-        return f", {GOALS['spearman'] - v.spearman:.3f} short"
-    return f", {v.best_gap_pct - GOALS['best_within_pct']:.1f} points over"
+
+@dataclass
+class Analysis:
+    """One model's proof: its slice fit, its landscape, the planners' predictions and their verdicts."""
+
+    model: PM.Model
+    land: R.Landscape
+    fit: Any
+    rankings: dict[str, guided.PlannerRanking]
+    preds: dict[str, dict[str, float]]
+    iv: dict[str, Any]
+    verdicts: list[Verdict]
+    guided_runs: list[int | None]
+    cross: str | None = None
+
+    @property
+    def sliced(self) -> Verdict:
+        return next(v for v in self.verdicts if v.name == "slice-calibrated")
+
+    def goals(self) -> list[tuple[str, bool, str]]:
+        s, g = self.sliced, self.guided_runs
+        g_med = statistics.median(x if x is not None else 10 ** 6 for x in g)
+        return [
+            ("median |error| <= 10%", s.median_abs_err_pct <= GOALS["median_abs_err_pct"], f"{s.median_abs_err_pct:.1f}%"),
+            ("Spearman >= 0.9", s.spearman >= GOALS["spearman"], f"{s.spearman:.3f}"),
+            ("predicted best within 5% of the measured best", s.best_gap_pct <= GOALS["best_within_pct"],
+             f"{s.best_gap_pct:+.1f}%"),
+            ("the 90% intervals hold >= 80% of the measured medians", (s.coverage_pct or 0) >= GOALS["coverage_pct"],
+             f"{s.coverage_pct:.0f}% (median width {s.median_width_pct:.0f}%)"),
+            (f"guided search from the slice calibration within 2% of the best in <= {GOALS['guided_runs']} runs "
+             f"(median over seeds)", g_med <= GOALS["guided_runs"],
+             "runs per seed: " + ", ".join(str(x) if x else ">40" for x in g)),
+        ]
+
+
+def analyse(model: PM.Model, land_doc: dict, runs: Mapping[str, Mapping[int, Any]], cluster: Any, net_eff: Any,
+            seeds: int, cross: str | None = None) -> Analysis:
+    land = R.Landscape.from_doc(land_doc)
+    ran = [s for s in model.slices if runs.get(s.name)]
+    fit = slicefit.fit(ran, runs, cluster, net_eff)
+    n_float = len(next(iter(land.floats.values()), [0, 0, 0]))
+    prior_cluster, prior_eff = load_cluster(ROOT / DEFAULT_CLUSTER)
+    prior = guided.PlannerRanking(land.cfg.space, land.configs, prior_cluster, prior_eff, n_float=n_float)
+    sliced = guided.PlannerRanking(land.cfg.space, land.configs, cluster, fit.efficiency, n_float=n_float)
+    rankings = {"priors": prior, "slice-calibrated": sliced}
+    preds = {n: r.predictions() for n, r in rankings.items()}
+    keys = [k for k in sliced.plans if k in land.rows and R.Landscape.usable(land.rows[k])]
+    got = intervals([sliced.plans[k] for k in keys], fit.efficiency, fit.uncertainty)
+    iv = {k: g["step_time_s"] for k, g in zip(keys, got)}
+    verdicts = [verdict("priors", preds["priors"], land), verdict("slice-calibrated", preds["slice-calibrated"], land, iv)]
+    return Analysis(model, land, fit, rankings, preds, iv, verdicts, runs_to_best(land, sliced, range(seeds)), cross)
+
+
+def write_model(a: Analysis, out_dir: Path, stem: str, doc: dict, cluster_path: Path) -> Path:
+    """The model's calibration file and its report; returns the report's path."""
+    from results_file import write_and_print
+
+    cal_path = out_dir / f"{stem}_{a.model.name}_calibration.yaml"
+    eff = dataclasses.replace(a.fit.efficiency, basis="fitted",
+                              basis_note=f"bench/slice_proof.py: slices of the {a.model.name} sweep on this host")
+    write_calibration(dataclasses.replace(a.fit.calibration, efficiency=eff), cal_path,
+                      cluster_file=_rel(cluster_path), uncertainty=a.fit.uncertainty,
+                      provenance={"basis": "measured", "command": doc["command"], "date": doc["date"],
+                                  "hardware": doc["hardware"], "density_ranks": doc["ranks"],
+                                  "fitted": {k: [round(v, 6), *[round(x, 6) for x in a.fit.interval(k)]]
+                                             for k, v in a.fit.fitted.items()},
+                                  "held": dict(a.fit.identified.held),
+                                  "slices": [{"name": r.name, "role": r.role, "runs": r.runs,
+                                              "measured_step_s": round(r.measured_step_s, 6),
+                                              "fitted_step_s": round(r.fitted_step_s, 6)} for r in a.fit.rows]},
+                      header=f"# Planner efficiency fitted by bench/slice_proof.py to slices of the {a.model.name} "
+                             f"sweep.\n# Use it as sampler.calibration=THIS (guided) or planner.calibration_file=THIS.\n")
+    path = out_dir / f"{stem}_{a.model.name}.md"
+    write_and_print(report(a, doc, cal_path), path)
+    return path
+
+
+def report(a: Analysis, doc: dict, cal_path: Path) -> str:
+    land, m = a.land, a.land.doc["machine"]
+    usable = [r for r in land.rows.values() if R.Landscape.usable(r)]
+    spreads = [r["spread_rel"] for r in usable if r.get("spread_rel") is not None]
+    loads = [x for r in land.rows.values() for x in r.get("load_1min", [])]
+    title = (f"# Slices against a landscape of OTHER hardware ({a.model.name}): a diagnostic, not a proof"
+             if a.cross else f"# Slices predict what they never ran: the {a.model.name} model")
+    out = [title, ""]
+    if a.cross:
+        out += [f"**Not the same hardware: {a.cross}.**", ""]
+    out += [f"Command: `{doc['command']}` ({doc['wall_s'] / 60:.0f} min in all, every model of the run).", "",
+            f"Run {doc['date']} on {doc['hardware']} ({os.cpu_count()} CPUs; 1-minute load average during the landscape "
+            f"runs: median {statistics.median(loads):.1f}, max {max(loads):.1f}). " if loads else "",
+            f"Landscape `{Path(doc['landscapes'][a.model.name]).name}`: {len(usable)} configs of the `{a.model.name}` "
+            f"space (`{a.model.source}`, {a.model.grid} in all{', a stratified sample' if len(usable) < a.model.grid else ''}"
+            f"), {land.doc['repeats']} runs each, measured {str(land.doc.get('first_run_at'))[:16]} to "
+            f"{str(land.doc.get('last_run_at'))[:16]} UTC on {m['cpu']}; median run-to-run spread of a config "
+            f"{100 * statistics.median(spreads):.0f}%. Errors are against each config's median run.", "",
+            f"## The fit, from slices only ({doc['ranks']} ranks each: the job's density)", "",
+            f"Network: `{doc['cluster_file']}` (`steptune netcal --measure 2`, repeated until each table's fit error "
+            f"is <= 20% or its cap). Slices (`slices.derive_any`, fitted by `plan.slicefit` -> `{cal_path.name}`):", "",
+            "| slice | role | runs | measured step (ms, median run) | fitted (ms) | error |", "|---|---|---:|---:|---:|---:|",
+            *[f"| {r.name} | {r.role} | {r.runs} | {1e3 * r.measured_step_s:.2f} | {1e3 * r.fitted_step_s:.2f} | "
+              f"{r.error_pct:+.1f}% |" for r in a.fit.rows], "",
+            "| fitted | value | 90% interval (bootstrap over the rounds) |", "|---|---:|---|",
+            *[f"| `{k}` | {v:.4g} | {a.fit.interval(k)[0]:.4g} - {a.fit.interval(k)[1]:.4g} |"
+              for k, v in a.fit.fitted.items()], "",
+            "Held at the cluster file's prior (`planner.identify`):", "",
+            *[f"- `{k}` = {getattr(a.fit.efficiency, k)}: {why}" for k, why in a.fit.identified.held.items()], ""]
+    if a.fit.unpinned:
+        out += ["Not pinned down:", "", *[f"- {u.text()}" for u in a.fit.unpinned], ""]
+    out += ["## Every landscape config predicted", "",
+            "| planner | configs | median abs error | worst abs error | Spearman | predicted best: its measured median "
+            "vs the measured best | 90% interval holds the median |", "|---|---:|---:|---:|---:|---|---:|"]
+    for v in a.verdicts:
+        cov = f"{v.coverage_pct:.0f}% (median width {v.median_width_pct:.0f}%)" if v.coverage_pct is not None else "-"
+        out.append(f"| {v.name} | {v.n} | {v.median_abs_err_pct:.1f}% | {v.worst_abs_err_pct:.0f}% | {v.spearman:.3f} "
+                   f"| {1e3 * v.predicted_best_measured_s:.1f} ms vs {1e3 * v.true_best_s:.1f} ms: {v.best_gap_pct:+.1f}% "
+                   f"| {cov} |")
+    true_key = min(usable, key=lambda r: r["median_s"])["key"]
+    out += ["", "The predicted best against the measured best:", "",
+            "| config | measured (ms) | " + " | ".join(f"{v.name} (ms)" for v in a.verdicts) + " | 90% interval (ms) |",
+            "|---|---:|" + "---:|" * len(a.verdicts) + "---|"]
+    for label, k in [("measured best", true_key)] + [(f"{v.name}'s pick", v.predicted_best_key) for v in a.verdicts]:
+        iv = a.iv.get(k)
+        out.append(f"| {label}: `{k}` | {1e3 * land.rows[k]['median_s']:.1f} | "
+                   + " | ".join(f"{1e3 * a.preds[v.name][k]:.1f}" for v in a.verdicts)
+                   + (f" | {1e3 * iv.low:.1f} - {1e3 * iv.high:.1f} |" if iv else " | - |"))
+    out += ["", "## Goals (slice-calibrated)", "",
+            *[f"- {g}: {'met' if ok else 'MISSED'} ({val})" for g, ok, val in a.goals()], "",
+            "## Where the error is", "", where_text(a.sliced, true_key, land, a.rankings), "",
+            "Median signed error (predicted / measured - 1) per group of configs:", "",
+            *family_table(a.preds, land), "",
+            "Per phase (the landscape keeps the trainer's phase times: each rank's sum over microbatches, the slowest "
+            "rank), predicted by each planner's breakdown:", "", *phase_table(a.rankings, land), ""]
+    return "\n".join(out)
+
+
+def summary(analyses: Sequence[Analysis], doc: dict, paths: Mapping[str, Path]) -> str:
+    out = ["# Slices predict what they never ran: the proof on this machine", "",
+           f"Command: `{doc['command']}`; run {doc['date']} on {doc['hardware']} ({os.cpu_count()} CPUs), "
+           f"{doc['wall_s'] / 60:.0f} min: the network, then every model's landscape and slices in the same "
+           f"interleaved rounds. Slices at the job's density ({doc['ranks']} ranks). Per model, the details: "
+           + ", ".join(f"[{n}]({p.name})" for n, p in paths.items()) + ".", "",
+           "| goal (slice-calibrated planner) | " + " | ".join(a.model.name for a in analyses) + " |",
+           "|---|" + "---|" * len(analyses)]
+    for i, (g, _, _) in enumerate(analyses[0].goals()):
+        out.append(f"| {g} | " + " | ".join(f"{'met' if a.goals()[i][1] else 'MISSED'}: {a.goals()[i][2]}"
+                                           for a in analyses) + " |")
+    out += ["", "| model | configs measured | priors: median abs error | slice-calibrated: median abs error | "
+            "fitted | held at the prior |", "|---|---:|---:|---:|---|---|"]
+    for a in analyses:
+        pri = next(v for v in a.verdicts if v.name == "priors")
+        out.append(f"| {a.model.name} | {a.sliced.n} of {a.model.grid} | {pri.median_abs_err_pct:.1f}% | "
+                   f"{a.sliced.median_abs_err_pct:.1f}% | {', '.join(a.fit.fitted)} | "
+                   f"{', '.join(a.fit.identified.held)} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from results_file import write_and_print
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--measure-landscape", action="store_true",
+                    help="measure each --config's landscape and its slices on this host in one run")
+    ap.add_argument("--config", action="append", help="a sweep file (repeat for several; default: "
+                    + ", ".join(DEFAULT_CONFIGS) + " with --measure-landscape, else the landscape's own)")
+    ap.add_argument("--landscape", help="a landscape measured earlier on this hardware (bench/landscape.py): only the "
+                    "slices are measured now")
+    ap.add_argument("--sample", type=int, default=80, help="landscape configs per model when the grid is larger "
+                    "(a stratified sample, the baseline first; default 80)")
+    ap.add_argument("--landscape-repeats", type=int, default=3, help="runs of every landscape config (default 3)")
+    ap.add_argument("--slice-repeats", type=int, default=6, help="runs of every slice (default 6)")
+    ap.add_argument("--steps", type=int, default=8, help="updates per slice, the first a warm-up (default: 8)")
+    ap.add_argument("--seeds", type=int, default=5, help="guided replays from the slice calibration (default 5)")
+    ap.add_argument("--seed", type=int, default=0, help="the sample's and the rounds' shuffles")
+    ap.add_argument("--other-hardware", action="store_true",
+                    help="with --landscape: compare even when it was measured on another machine (a diagnostic)")
+    ap.add_argument("--analyse-only", action="store_true", help="measure nothing: analyse the samples file as it is")
+    ap.add_argument("--out-dir", default=str(ROOT / "bench/results"))
+    ap.add_argument("--name", default="slice_proof", help="stem of every file written (default: slice_proof)")
+    args = ap.parse_args(argv)
+    if bool(args.measure_landscape) == bool(args.landscape):
+        raise SystemExit("give --measure-landscape (landscape and slices measured here) or --landscape FILE")
+    for flag, v in (("--sample", args.sample), ("--landscape-repeats", args.landscape_repeats),
+                    ("--slice-repeats", args.slice_repeats), ("--seeds", args.seeds)):
+        if v < 1:
+            raise SystemExit(f"{flag}: need at least 1")
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    samples_path = out_dir / f"{args.name}.samples.jsonl"
+    given = None
+    if args.landscape:
+        given = json.loads(Path(args.landscape).read_text())
+        configs = [Path(c) for c in (args.config or [ROOT / given.get("source", DEFAULT_CONFIGS[0])])]
+        cross = same_hardware(given, configs[0], args.other_hardware)  # refuses before anything runs
+    else:
+        configs = [ROOT / c for c in DEFAULT_CONFIGS] if not args.config else [Path(c) for c in args.config]
+        cross = None
+    models = [PM.plan_model(c, ROOT, args.sample, 2, [1, 2], args.steps, args.seed) for c in configs]
+    if given is not None:  # the committed landscape's configs, not a new sample
+        models[0].params = [r["params"] for r in given["configs"]]
+    if len({m.name for m in models}) < len(models):
+        raise SystemExit("--config: two sweep files with the same name: their files would collide")
+    ranks = _density(models)
+    started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter()
+    cluster_path = out_dir / f"{args.name}_cluster.yaml"
+    if not args.analyse_only:
+        measure_network(cluster_path)
+        PM.measure(models, samples_path, args.landscape_repeats if given is None else 0, args.slice_repeats,
+                   seed=args.seed)
+    samples = PM.read_samples(samples_path)
+    cluster, net_eff = load_cluster(cluster_path)  # netcal set dp/pp/tp_bw_eff to 1: one host, measured link
+    doc = {"command": _command(argv), "date": started, "wall_s": time.perf_counter() - t0, "ranks": ranks,
+           "hardware": hardware.cpu_model(), "cluster_file": cluster_path.name, "landscapes": {}}
+    analyses, paths = [], {}
+    for m in models:
+        if given is not None:
+            land_doc, land_path = given, Path(args.landscape)
+        else:
+            land_path = out_dir / f"{args.name}_{m.name}.json"
+            land_doc = landscape_doc(m, samples, land_path, args, doc)
+        doc["landscapes"][m.name] = str(land_path)
+        a = analyse(m, land_doc, PM.slice_runs(samples, m.name), cluster, net_eff, args.seeds, cross)
+        analyses.append(a)
+        paths[m.name] = write_model(a, out_dir, args.name, doc, cluster_path)
+    (out_dir / f"{args.name}.json").write_text(json.dumps({**doc, "models": {a.model.name: {
+        "verdicts": [{**dataclasses.asdict(v), "best_gap_pct": v.best_gap_pct} for v in a.verdicts],
+        "guided_runs_to_within_2pct": a.guided_runs, "fitted": a.fit.fitted, "held": a.fit.identified.held,
+        "goals": [{"goal": g, "met": ok, "value": val} for g, ok, val in a.goals()]} for a in analyses}}, indent=1))
+    write_and_print(summary(analyses, doc, paths), out_dir / f"{args.name}.md")
+
+
+def _density(models: Sequence[PM.Model]) -> int:
+    """The ranks every slice runs on: each model's job density (they must agree: one worker group runs them all)."""
+    from orchestrator.plan.slices import density, job_world
+
+    cluster, _ = load_cluster(ROOT / DEFAULT_CLUSTER)
+    got = {density(job_world({"backend": "ray", "resources": {"world_size": m.cfg.resources.world_size}}),
+                   cluster.gpus_per_node, os.cpu_count()) for m in models}
+    if len(got) != 1:
+        raise SystemExit(f"--config: the models' jobs keep different numbers of ranks busy ({sorted(got)}); prove "
+                         f"them in separate runs")
+    return got.pop()
+
+
+def landscape_doc(m: PM.Model, samples: Sequence[dict], path: Path, args: Any, doc: dict) -> dict:
+    """The model's landscape in bench/landscape.py's format (bench/replay.py reads it), written to ``path``."""
+    header = {"space": m.name, "source": m.source, "command": doc["command"], "repeats": args.landscape_repeats,
+              "discretised": {LS.BUCKET: m.buckets}, "baseline_key": m.baseline_key, "machine": LS.machine(),
+              "started_at": doc["date"], "trainer": m.cfg.trainer, "world_size": m.cfg.resources.world_size,
+              "sampled": {"configs": len(m.params), "of": m.grid, "how": "stratified over pipeline layout x "
+                          "micro-batch size x recompute kind, the baseline first (bench/proof_measure.py)"},
+              "note": "step_time_s per sample: median over measured updates of the slowest rank (trainer summary)"}
+    return LS.write(path, header, m.params, PM.landscape_samples(samples, m.name))
+
+
+def _command(argv: Sequence[str] | None) -> str:
+    return "PYTHONPATH=. .venv/bin/python bench/slice_proof.py " + " ".join(
+        a for a in (argv if argv is not None else sys.argv[1:]) if a != "--analyse-only")
 
 
 def _rel(path: Path) -> str:

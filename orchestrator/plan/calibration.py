@@ -142,10 +142,14 @@ def format_calibration(cal: Calibration) -> str:
 
 
 def write_calibration(cal: Calibration, path: str | Path, cluster_file: str | None = None,
-                      provenance: Mapping[str, Any] | None = None, header: str | None = None) -> Path:
-    """The calibrated efficiency as YAML (``efficiency:`` is all ``load_calibration`` reads back).
+                      provenance: Mapping[str, Any] | None = None, header: str | None = None,
+                      uncertainty: Any = None) -> Path:
+    """The calibrated efficiency as YAML (``efficiency:`` is what ``load_calibration`` reads back, ``uncertainty:``
+    what ``load_uncertainty`` does).
 
-    ``provenance`` (``steptune profile``: basis, hardware, shapes) is for people, like a cluster file's."""
+    ``provenance`` (``steptune profile``: basis, hardware, shapes) is for people, like a cluster file's;
+    ``uncertainty`` (a ``planner.uncertainty.Uncertainty``: the fit's bootstrap replicates and residuals) gives every
+    prediction made with the file its interval."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {
@@ -159,6 +163,8 @@ def write_calibration(cal: Calibration, path: str | Path, cluster_file: str | No
             "not_used": [{"trial": t, "why": w} for t, w in getattr(cal, "skipped", ())],
         },
     }
+    if uncertainty is not None:
+        doc["uncertainty"] = uncertainty.to_dict()
     if provenance is not None:
         doc["provenance"] = dict(provenance)
     header = header or ("# Planner efficiency fitted by `python -m orchestrator calibrate` to a sweep's measured "
@@ -184,6 +190,19 @@ def load_calibration(path: str | Path) -> Efficiency:
         return Efficiency(**eff)
     except ValueError as e:
         raise ValueError(f"{path}: efficiency.{e}") from None
+
+
+def load_uncertainty(path: str | Path) -> Any:
+    """The ``uncertainty:`` section of a calibration file as a ``planner.uncertainty.Uncertainty``, or None when the
+    file has none (a ledger calibration, or a profile from before intervals). ValueError naming the field."""
+    from orchestrator.planner.uncertainty import Uncertainty
+
+    path = Path(path)
+    data = yaml.safe_load(path.read_text()) or {}
+    section = data.get("uncertainty") if isinstance(data, Mapping) else None
+    if section is None:
+        return None
+    return Uncertainty.from_dict(section, where=f"{path}: uncertainty")
 
 
 # ---- command line ------------------------------------------------------------------------------

@@ -1,14 +1,21 @@
-"""The compute, measured: a sweep file -> short real runs of its layer shape -> a calibration file.
+"""The compute and the trainer's communication, measured: a sweep file -> short real runs of its layer shape at the
+job's density -> a calibration file with each fitted parameter's interval.
 
-The slices and their memory check are ``orchestrator.plan.slices`` (pure; any sweep file: the model backend's
-``planner:`` section or the ray backend's ``trainer:`` section, several rank and layer counts). ``fit_slices``
-hands the measured results to the planner's calibration, compute side only; the data-parallel slices (bucket
-sizes x overlap) are fitted by ``orchestrator.plan.commfit``; the rest of the network stays whatever the cluster
-file says (``steptune netcal`` measures it). Every slice runs ``--repeats`` rounds and the fits take medians.
-``run`` is ``steptune profile``; the slices run through the trial path a sweep uses, a warm Ray worker group
-per rank count (parity off), handed in by the CLI as a ``SliceRunner`` since this room may not import the
-backends; only when Ray cannot start do they run on the trainer's local launcher (``trainer.launch.spawn_many``),
-with a note.
+The slices are ``orchestrator.plan.slices`` (pure; any sweep file: the model backend's ``planner:`` section or the
+ray backend's ``trainer:`` section): compute slices at one and two layers, data-parallel slices (each bucket size,
+overlap off and on) and pipeline slices (each schedule, the fewest and the most microbatches), all on as many
+ranks as a node of the job keeps busy (``slices.density``). ``orchestrator.plan.slicefit`` fits them in one go:
+only the parameters the slices pin down (the rest held at the cluster file's priors, named), each with a
+bootstrap interval over the rounds, and an ``Uncertainty`` every prediction made with the file inherits. The
+network's TP and pipeline bandwidths stay the cluster file's (``steptune netcal`` measures them).
+
+``run`` is ``steptune profile``: ``_inputs`` (the sweep file, the cluster file, the density), ``_derive`` (the
+slices, their memory checked before anything runs), ``_measure`` (every slice ``--repeats`` rounds, round by round),
+``_settle`` (more rounds of the slices that weigh on a parameter not yet pinned down, up to ``--max-repeats``),
+``_parity`` (with ``--parity``) and ``_write``. The slices run through the trial path a sweep uses, a warm Ray
+worker group per rank count (parity off), handed in by the CLI as a ``SliceRunner`` since this room may not import
+the backends; only when Ray cannot start do they run on the trainer's local launcher
+(``trainer.launch.spawn_many``), with a note.
 """
 
 from __future__ import annotations
@@ -21,15 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from orchestrator.commands import steptune
-from orchestrator.plan.slices import Slice, SlicePlan, derive_slices, memory_refusal
-from orchestrator.planner import Calibration, ClusterSpec, Efficiency, calibrate
-
-COMPUTE_FIT = ("matmul_eff", "flash_attention_eff", "op_overhead_us", "elementwise_bw_eff", "optimizer_bw_eff",
-               "mem_activation_factor")
-"""What one node's slices can tell apart. The network efficiencies (tp/dp/pp_bw_eff) are never fitted here:
-a slice's collectives run over this node's links, not the production fabric."""
-COMPUTE_METRICS = ("step_time_s", "forward_s", "backward_incl_recompute_s", "optimizer_s", "peak_memory_bytes")
-"""Measured phases fitted; dp and tp communication waits are network time and left out."""
+from orchestrator.plan.slices import Slice, SlicePlan, memory_refusal
 
 
 SliceRunner = Callable[[list[Any], str], "tuple[list[Any], str]"]
@@ -41,67 +40,27 @@ class RunnerUnavailable(RuntimeError):
     """The slice runner could not start (Ray could not be joined or could not place the group)."""
 
 
-@dataclass(frozen=True)
-class SliceFit:
-    calibration: Calibration
-    rows: tuple[tuple[str, float, float, float], ...]
-    """(slice name, measured step time, the same with its TP collectives at the cluster file's price, step time
-    predicted with the fitted efficiency)."""
-    tp_comm: tuple[tuple[str, float, float], ...] = ()
-    """(slice name, measured TP communication, the planner's from the cluster file's network) at tp > 1."""
-
-
-def fit_slices(slices: SlicePlan, results: Sequence[Any], cluster: ClusterSpec, prior: Efficiency) -> SliceFit:
-    """Calibrate the compute-side efficiency to the slices' measured results (trainer Results, in order)."""
-    from orchestrator.plan.calibration import measured_metrics
-    from orchestrator.plan.prefilter import plan_for_trial
-    from orchestrator.planner.calibrate import _evaluate
-    from orchestrator.planner.knobs import encode
-
-    if prior.flash_attention_eff is None:  # None reads as attention_eff; the fit needs a number to start from
-        prior = dataclasses.replace(prior, flash_attention_eff=prior.attention_eff)
-    records, tp_rows = [], []
-    for s, result in zip(slices.slices, results):
-        plan = plan_for_trial(s.config, cluster, prior)
-        tp = s.config.tensor_parallel.size > 1
-        measured = {k: v for k, v in measured_metrics(result, tp).items() if k in COMPUTE_METRICS}
-        if s.config.parallel.dp > 1:  # its step holds the DP gradient all-reduce: network time, not fitted here
-            measured = {k: v for k, v in measured.items() if k != "step_time_s"}
-        tp_meas = measured_metrics(result, tp).get("tp_comm_s", 0.0)
-        tp_pred = _evaluate(plan, encode([plan]), prior)["tp_comm_s"]
-        if "step_time_s" in measured and s.config.tensor_parallel.size > 1:
-            # The measured TP collectives are this node's links, priced by the cluster file (netcal), not by
-            # the compute efficiencies: swap them for the planner's own figure so the fit cannot soak them up.
-            measured["step_time_s"] += tp_pred - tp_meas
-        records.append((s.name, plan, measured))
-        tp_rows.append((s.name, tp_meas, tp_pred))
-    fit = list(COMPUTE_FIT)
-    if len({s.config.batch.micro_batch_size for s in slices.slices}) > 2:
-        fit.append("gemm_tokens_half")  # trades off against matmul_eff unless the GEMM sizes vary
-    cal = calibrate([{"config": p, "measured": m} for _, p, m in records], records[0][1], fit=tuple(fit))
-    # The error is of what was fitted: the step with the measured TP collectives priced as the cluster file does.
-    rows = tuple((s.name, float(r.summary.step_time_s), m.get("step_time_s", float(r.summary.step_time_s)),
-                  _evaluate(p, encode([p]), cal.efficiency)["step_time_s"])
-                 for s, r, (_, p, m) in zip(slices.slices, results, records))
-    return SliceFit(cal, rows, tuple(r for r, sl in zip(tp_rows, slices.slices) if sl.config.tensor_parallel.size > 1))
-
-
-def provenance(slices: SlicePlan, fitted: SliceFit, results: Sequence[Any], config: str, cluster_file: str,
+def provenance(slices: SlicePlan, fitted: Any, results: Sequence[Any], config: str, cluster_file: str,
                hardware: str, torch_version: str, when: str) -> dict[str, Any]:
-    """What the calibration file's figures are: basis measured, on which hardware, of which shapes."""
+    """What the calibration file's figures are: basis measured, on which hardware, of which shapes, what was
+    fitted with which interval, what was held and why."""
     cal = fitted.calibration
     return {"basis": "measured", "command": "steptune profile", "sweep_file": config, "cluster_file": cluster_file,
             "date": when, "hardware": hardware, "torch": torch_version,
-            "device": results[0].ranks[0].device_name if results and results[0].ranks else "?",
+            "device": results[0].ranks[0].device_name if results and getattr(results[0], "ranks", None) else "?",
             "shape": dict(slices.shape), "layers": slices.layers, "ranks": slices.ranks, "tp": slices.tp,
             "shrink": slices.shrink,
             "production_gemms": slices.shrink == 1,
-            "slices": [{"name": n, "measured_step_s": round(raw, 6), "compared_step_s": round(m, 6),
-                        "fitted_step_s": round(p, 6), "error_pct": round(100 * (p - m) / m, 2)}
-                       for n, raw, m, p in fitted.rows],
-            "fitted": sorted(cal.fitted), "fit_mean_abs_error_pct": {k: round(v["mean_abs_pct"], 2)
-                                                                     for k, v in cal.errors_after.items()},
-            "network": "not fitted: tp/dp/pp bandwidth efficiencies are the cluster file's (steptune netcal)",
+            "slices": [{"name": r.name, "role": r.role, "runs": r.runs, "measured_step_s": round(r.measured_step_s, 6),
+                        "fitted_step_s": round(r.fitted_step_s, 6), "error_pct": round(r.error_pct, 2)}
+                       for r in fitted.rows],
+            "fitted": {k: {"value": round(v, 6), "interval_90": [round(x, 6) for x in fitted.interval(k)]}
+                       for k, v in fitted.fitted.items()},
+            "held": dict(fitted.identified.held),
+            "not_pinned_down": [u.text() for u in fitted.unpinned],
+            "fit_mean_abs_error_pct": {k: round(v["mean_abs_pct"], 2) for k, v in cal.errors_after.items()},
+            "network": "tp and pp bandwidth efficiencies are the cluster file's (steptune netcal); the data-parallel "
+                       "bucket cost and the pipeline send cost are fitted to the slices",
             "tp_comm": [{"name": n, "measured_s": round(m, 6), "predicted_s": round(p, 6)} for n, m, p in fitted.tp_comm],
             "measured": measurements(slices, results),
             "notes": list(slices.notes)}
@@ -153,16 +112,6 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def format_table(fitted: SliceFit) -> str:
-    w = max(len(r[0]) for r in fitted.rows)
-    tp = fitted.tp_comm and "  (TP comm at the cluster file's price)"
-    lines = [f"{'slice':<{w}}  {'measured s':>10}  {'compared s':>10}  {'fitted s':>10}  {'error':>7}{tp or ''}"]
-    lines += [f"{n:<{w}}  {raw:10.4f}  {m:10.4f}  {p:10.4f}  {100 * (p - m) / m:+6.1f}%" for n, raw, m, p in fitted.rows]
-    lines += [f"{n}: tp comm measured {m:.4f} s, the cluster file's network predicts {p:.4f} s (not fitted here: "
-              f"steptune netcal measures it)" for n, m, p in fitted.tp_comm]
-    return "\n".join(lines)
-
-
 # ---- the command ----------------------------------------------------------------------------------------
 
 DEFAULT_CLUSTER = "search_spaces/clusters/cpu-local.yaml"
@@ -172,25 +121,32 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--config", required=True, metavar="FILE",
                    help="a sweep file: backend model (planner: + space:) or ray (trainer: + space:), e.g. "
                         "search_spaces/tiny-profile.yaml")
-    p.add_argument("--ranks", default="2", metavar="N[,N]",
-                   help="local ranks to run the slices on, one or several (e.g. 1,2; default: 2)")
-    p.add_argument("--layers", default="2", metavar="L[,L]",
-                   help="transformer layers per slice, one or several (e.g. 1,2; default: 2)")
+    p.add_argument("--ranks", metavar="N",
+                   help="local ranks each slice runs on (default: the job's density, every rank of a node busy as in "
+                        "the job: min(the job's ranks, the cluster file's gpus_per_node)); any other count is refused")
+    p.add_argument("--layers", default="1,2", metavar="L[,L]",
+                   help="transformer layers per slice, one or several (default: 1,2; two counts tell the per-layer "
+                        "costs from the per-pass ones)")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER, metavar="FILE",
                    help=f"this machine's cluster file: peak, memory budget, priors (default: {DEFAULT_CLUSTER})")
     p.add_argument("--out", metavar="FILE", help="calibration file to write (default: results/profile/<name>.yaml)")
     p.add_argument("--shrink", type=int, default=1, metavar="F",
                    help="divide hidden, heads, ffn and vocab by F so the slice fits (the fit then does not "
                         "describe the production GEMMs; model-backend files only)")
-    p.add_argument("--steps", type=int, default=4, metavar="S", help="updates per slice, the first one a warm-up (default: 4)")
-    p.add_argument("--repeats", type=int, default=3, metavar="R",
-                   help="runs of every slice, interleaved round by round; the fit takes each slice's median "
-                        "(default: 3)")
-    p.add_argument("--bootstrap", type=int, default=20, metavar="N",
-                   help="refits over resampled runs for each compute parameter's interval; one not pinned down "
-                        "refuses the file (default: 20; 0: skip; needs --repeats >= 2)")
+    p.add_argument("--steps", type=int, default=8, metavar="S",
+                   help="updates per slice, the first one a warm-up (default: 8)")
+    p.add_argument("--repeats", type=int, default=4, metavar="R",
+                   help="rounds of every slice, interleaved; the fit takes each slice's median run (default: 4)")
+    p.add_argument("--max-repeats", type=int, default=12, metavar="R",
+                   help="rounds a slice may get in all: a fitted parameter not pinned down after --repeats gets more "
+                        "rounds of the slices that weigh on it, up to this (default: 12)")
+    p.add_argument("--bootstrap", type=int, default=40, metavar="N",
+                   help="refits over resampled rounds for each fitted parameter's interval and the predictions' "
+                        "(default: 40; needs --repeats >= 2)")
     p.add_argument("--no-dp-comm", action="store_true",
                    help="skip the data-parallel communication slices (bucket sizes x overlap on/off at dp >= 2)")
+    p.add_argument("--no-pp-comm", action="store_true",
+                   help="skip the pipeline slices (each schedule of the space at 2 stages)")
     p.add_argument("--ray-address", metavar="ADDR",
                    help="run the slices on an existing Ray cluster (this repository shipped as the working_dir); one "
                         "that cannot be joined is an error (default: an embedded local Ray, as a sweep; if that "
@@ -263,16 +219,28 @@ def run_slices(cfgs: list[Any], device: str, runner: SliceRunner | None) -> tupl
     return _by_world(cfgs, lambda c: (spawn_many(c), f"the trainer's local launcher (note: {why})"))
 
 
-def run(args: Any, runner: SliceRunner | None = None) -> int:
-    """``steptune profile``: derive, check memory, run (on ``runner``) ``--repeats`` rounds, fit compute and DP
-    communication, write; exit 2 before running on bad input, 1 when a fit is refused (nothing written)."""
+@dataclass(frozen=True)
+class Inputs:
+    """What ``steptune profile`` was asked: the sweep file read, the cluster file's figures, the density."""
+
+    path: Path
+    raw: Mapping[str, Any]
+    cluster: Any
+    prior: Any
+    device: str
+    ranks: int
+    """Ranks per slice: the job's density."""
+    world: int
+    """The job's ranks (the density's input, stated in the output)."""
+    layers: list[int]
+
+
+def _inputs(args: Any) -> Inputs:
+    """Read and check everything before anything runs; ValueError naming the flag or field."""
     import yaml
 
-    from orchestrator.plan import commfit, hardware
-    from orchestrator.plan.stability import compute_intervals, median_run, unpinned
-    from orchestrator.plan.calibration import load_calibration, write_calibration
-    from orchestrator.plan.prefilter import load_cluster, plan_for_trial
-    from orchestrator.plan.slices import derive_any
+    from orchestrator.plan.prefilter import load_cluster
+    from orchestrator.plan.slices import density, job_world
     from orchestrator.plan.sources import resolve
 
     path = Path(args.config)
@@ -281,114 +249,175 @@ def run(args: Any, runner: SliceRunner | None = None) -> int:
     raw = yaml.safe_load(path.read_text()) or {}
     if not isinstance(raw, Mapping):
         raise ValueError(f"--config {path}: expected a sweep file (a mapping)")
-    ranks, layers = int_list("--ranks", args.ranks), int_list("--layers", args.layers)
-    if args.repeats < 1:
-        raise ValueError(f"--repeats: must be an integer >= 1, got {args.repeats}")
+    layers = int_list("--layers", args.layers)
+    for flag, v, low in (("--repeats", args.repeats, 1), ("--max-repeats", args.max_repeats, args.repeats),
+                         ("--bootstrap", args.bootstrap, 0)):
+        if not isinstance(v, int) or v < low:
+            raise ValueError(f"{flag}: must be an integer >= {low}, got {v!r}")
     cluster, prior = load_cluster(args.cluster)
     if raw.get("backend", "model") == "model" and isinstance(raw.get("planner"), Mapping):
         raw = {**raw, "planner": resolve(raw["planner"], path.parent)[0]}
+    import os
+
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if raw.get("backend") == "ray" and device == "cuda":
         raw = {**raw, "trainer": {**raw["trainer"], "run": {**(raw["trainer"].get("run") or {}), "device": "cuda"}}}
-    derive = lambda f: derive_any(raw, ranks, layers, f, args.steps, device, not args.no_dp_comm)  # noqa: E731
+    world = job_world(raw, cluster.num_gpus)
+    # The job's node: a model-backend file describes the production cluster; a ray sweep runs on this one.
+    per_node = int(((raw.get("planner") or {}).get("cluster") or {}).get("gpus_per_node") or cluster.gpus_per_node)
+    here = torch.cuda.device_count() if device == "cuda" else os.cpu_count()
+    ranks = density(world, per_node, None)
+    if args.ranks is not None:
+        asked = int_list("--ranks", args.ranks)
+        if asked != [ranks]:
+            raise ValueError(f"--ranks {args.ranks}: the job keeps {ranks} rank(s) of a node busy (its {world} "
+                             f"rank(s), {per_node} per node); slices must occupy the node as the job does, so they "
+                             f"run on {ranks} (drop --ranks, or pass {ranks})")
+    density(world, per_node, here)  # refuses a node with fewer devices than the job keeps busy, naming both
+    return Inputs(path, raw, cluster, prior, device, ranks, world, layers)
+
+
+def _derive(inp: Inputs, args: Any) -> tuple[SlicePlan, tuple[Slice, ...]]:
+    """The compute slices and the communication slices; memory checked first (ValueError naming a shrink)."""
+    from orchestrator.plan.slices import derive_any
+
+    derive = lambda f: derive_any(inp.raw, [inp.ranks], inp.layers, f, args.steps, inp.device,  # noqa: E731
+                                  not args.no_dp_comm, not args.no_pp_comm)
     slices, comm = derive(args.shrink)
-    if device == "cuda" and torch.cuda.device_count() < max(ranks):
-        raise ValueError(f"--ranks {max(ranks)}: this node has {torch.cuda.device_count()} GPU(s)")
     whole = dataclasses.replace(slices, slices=slices.slices + comm)
-    if refusal := memory_refusal(whole, cluster, prior, args.cluster):
+    if refusal := memory_refusal(whole, inp.cluster, inp.prior, args.cluster):
         # Name the smallest power-of-two shrink that fits, so the next command is one edit away.
-        shrink = next((f for f in (args.shrink * 2 ** k for k in range(1, 11)) if raw.get("backend", "model") ==
-                       "model" and memory_refusal(derive(f)[0], cluster, prior, args.cluster) is None), None)
+        shrink = next((f for f in (args.shrink * 2 ** k for k in range(1, 11)) if inp.raw.get("backend", "model") ==
+                       "model" and memory_refusal(derive(f)[0], inp.cluster, inp.prior, args.cluster) is None), None)
         raise ValueError(refusal + (f"; --shrink {shrink} fits" if shrink else ""))
-    out = Path(args.out) if args.out else Path("results") / "profile" / f"{raw.get('name', path.stem)}.yaml"
-    print(f"profiling {len(slices.slices)} compute slice(s) + {len(comm)} data-parallel slice(s) of {path} on "
-          f"{'/'.join(map(str, ranks))} {device} rank(s), {'/'.join(map(str, layers))} layer(s), {args.repeats} "
+    return slices, comm
+
+
+def _measure(every: Sequence[Slice], rounds: Sequence[int], device: str, runner: SliceRunner | None,
+             runs: dict[str, dict[int, Any]]) -> tuple[str, bool]:
+    """Each slice once per round of ``rounds``, round by round, into ``runs`` (name -> round -> Result); (where they
+    ran, whether any failed)."""
+    flat, where = run_slices([s.config for s in every] * len(rounds), device, runner)
+    failed = False
+    for i, r in enumerate(flat):
+        s, rnd = every[i % len(every)], rounds[i // len(every)]
+        if isinstance(r, BaseException):
+            failed = True
+            print(f"slice {s.name} (round {rnd + 1}) failed: {str(r).splitlines()[0][:300]}")
+        else:
+            runs.setdefault(s.name, {})[rnd] = r
+    return where, failed
+
+
+def _settle(every: Sequence[Slice], runs: dict[str, dict[int, Any]], fit: Callable[[], Any], max_repeats: int,
+            device: str, runner: SliceRunner | None) -> Any:
+    """Fit; while a fitted parameter is not pinned down and its slice has fewer than ``max_repeats`` rounds, run
+    more rounds of the slices of that slice's role (they are fitted together) and fit again."""
+    fitted = fit()
+    while fitted.unpinned:
+        role = {s.name: s.role for s in every}
+        names = {u.slice for u in fitted.unpinned if len(runs.get(u.slice, {})) < max_repeats}
+        if not names:
+            break
+        again = [s for s in every if s.role in {role.get(n) for n in names}]
+        have = max(len(v) for v in runs.values())
+        more = min(max_repeats - have, max(1, max(u.rounds_needed for u in fitted.unpinned) - have))
+        if more <= 0:
+            break
+        print(f"not pinned down yet: {', '.join(u.name for u in fitted.unpinned)}; {more} more round(s) of "
+              f"{len(again)} {'/'.join(sorted({s.role for s in again}))} slice(s)")
+        _measure(again, list(range(have, have + more)), device, runner, runs)
+        fitted = fit()
+    return fitted
+
+
+def run(args: Any, runner: SliceRunner | None = None) -> int:
+    """``steptune profile``: ``_inputs``, ``_derive``, ``_measure``, ``_settle`` (fit), ``_write``; exit 2 before
+    running on bad input, 1 when a slice failed or a fitted parameter is still not pinned down."""
+    from orchestrator.plan import slicefit
+
+    inp = _inputs(args)
+    slices, comm = _derive(inp, args)
+    every = list(slices.slices) + list(comm)
+    print(f"profiling {len(slices.slices)} compute slice(s) + {len(comm)} communication slice(s) of {inp.path} on "
+          f"{inp.ranks} {inp.device} rank(s) each (the job's density: its {inp.world} rank(s), "
+          f"{inp.cluster.gpus_per_node} per node), {'/'.join(map(str, inp.layers))} layer(s), {args.repeats} "
           f"round(s): " + ", ".join(f"{k} {v}" for k, v in slices.shape.items()))
     for note in slices.notes:
         print(f"  note: {note}")
-    every = list(whole.slices)
-    flat, where = run_slices([s.config for s in every] * args.repeats, device, runner)
+    runs: dict[str, dict[int, Any]] = {}
+    where, failed = _measure(every, list(range(args.repeats)), inp.device, runner, runs)
     print(f"ran on {where}")
-    runs: dict[str, list[Any]] = {s.name: [] for s in every}
-    for i, r in enumerate(flat):
-        s = every[i % len(every)]
-        if isinstance(r, BaseException):
-            print(f"slice {s.name} (round {i // len(every) + 1}) failed: {str(r).splitlines()[0][:300]}")
-        else:
-            runs[s.name].append(r)
-    failed = any(isinstance(r, BaseException) for r in flat)
-    kept = [(s, median_run(runs[s.name])) for s in slices.slices if runs[s.name]]
+    kept = [s for s in every if runs.get(s.name)]
     if not kept:
         print("no slice ran to the end: nothing to fit, nothing written")
         return 1
     checked: list[dict[str, Any]] = []
     if args.parity:
-        checked = check_parity([s for s, _ in kept], [r for _, r in kept])
-        for c, (s, _) in zip(checked, kept):
+        from orchestrator.plan.stability import median_run
+
+        compute = [s for s in kept if s.role == "compute"]
+        checked = check_parity(compute, [median_run(list(runs[s.name].values())) for s in compute])
+        for c, s in zip(checked, compute):
             print(f"parity {s.name}: " + ("pass" if c["passed"] else f"FAIL ({c['why']}): left out of the fit"
                                           if c["passed"] is False else c["why"]))
-        kept = [k for k, c in zip(kept, checked) if c["passed"] is not False]
-        if not kept:
-            print("every slice failed parity: nothing to fit, nothing written")
+        bad = {s.name for c, s in zip(checked, compute) if c["passed"] is False}
+        kept = [s for s in kept if s.name not in bad]
+        if not any(s.role == "compute" for s in kept):
+            print("every compute slice failed parity: nothing to fit, nothing written")
             return 1
-    ran = dataclasses.replace(slices, slices=tuple(s for s, _ in kept))
-    fitted = fit_slices(ran, [r for _, r in kept], cluster, prior)
-    eff = dataclasses.replace(fitted.calibration.efficiency, basis="fitted",
-                              basis_note=f"steptune profile of {path.name} on this node"
-                                         + (f" (shrunk {args.shrink}x: not the production GEMMs)" if args.shrink > 1 else ""))
-    intervals: dict[str, tuple[float, float]] = {}
-    if args.repeats > 1 and args.bootstrap > 0:
-        intervals = compute_intervals(ran, {s.name: runs[s.name] for s in ran.slices},
-                                      lambda rs: fit_slices(ran, rs, cluster, prior).calibration.fitted, args.bootstrap)
-        print("compute fit, 90% intervals (bootstrap over runs): " + ", ".join(
-            f"{k} {lo:.4g}-{hi:.4g}" for k, (lo, hi) in intervals.items()))
-        if why := unpinned(fitted.calibration.fitted, intervals, {s.name: runs[s.name] for s in ran.slices}):
-            print(f"compute: {why}: nothing written")
-            return 1
-    comm_fit = None
-    if comm:
-        obs = [commfit.DPObservation(s.name, plan_for_trial(s.config, cluster, eff), tuple(
-            float((r.phases.get("dp_comm_wait") or {}).get("max") or 0.0) for r in runs[s.name]))
-            for s in comm if runs[s.name]]
-        try:
-            comm_fit = commfit.fit_dp_comm(obs, eff)
-        except ValueError as e:
-            print(f"data-parallel communication: {e}: nothing written")
-            return 1
-        print()
-        print(commfit.format_comm_fit(comm_fit))
-        if comm_fit.refusal:
-            print(f"data-parallel communication: {comm_fit.refusal}: nothing written")
-            return 1
-        eff = comm_fit.efficiency(eff)
-    cal = dataclasses.replace(fitted.calibration, efficiency=eff, fitted={
-        **fitted.calibration.fitted, **(comm_fit.values if comm_fit else {})})
-    results = [r for _, r in kept]
-    prov = provenance(ran, fitted, results, str(path), args.cluster, hardware_name(results),
-                      str(torch.__version__), now())
-    prov.update(hardware.identity(results, cluster.peak_tflops))
-    prov.update({"ranks": ranks, "layers": layers, "repeats": args.repeats,
-                 "compute_interval_90": {k: [round(lo, 6), round(hi, 6)] for k, (lo, hi) in intervals.items()}
-                 or "not estimated (--repeats 1 or --bootstrap 0)",
-                 "runs_step_s": {n: [round(float(r.summary.step_time_s), 6) for r in rs] for n, rs in runs.items()},
-                 "dp_comm": commfit.provenance(comm_fit) if comm_fit else "not measured (dp 1 or --no-dp-comm): "
-                 "dp_latency_us, dp_bw_eff and dp_overlap_eff are the cluster file's"})
-    if comm_fit:
-        prov["network"] = ("tp/pp bandwidth efficiencies are the cluster file's (steptune netcal); "
-                           "dp_latency_us, dp_bw_eff, dp_overlap_eff fitted to the data-parallel slices")
-    prov["parity"] = checked or "off (steptune profile --parity checks each slice against its canonical run)"
-    write_calibration(cal, out, cluster_file=args.cluster, provenance=prov,
-                      header="# Planner efficiency fitted by `steptune profile` to measured slices of the "
-                             "production layer shape.\n# Use it as planner.calibration_file=THIS; only the "
-                             "efficiency: section is read back.\n")
-    load_calibration(out)  # what was written must read back
+    n_boot = args.bootstrap if args.repeats > 1 else 0
+    fitted = _settle(kept, runs, lambda: slicefit.fit(kept, runs, inp.cluster, inp.prior, n_boot=max(n_boot, 1)),
+                     args.max_repeats, inp.device, runner)
     print()
-    print(format_table(fitted))
-    print()
-    print("fitted: " + ", ".join(f"{k} = {v:.4g}" for k, v in cal.fitted.items()))
-    print(f"measured on {prov['hardware']} (torch {prov['torch']}, {prov['backend']})")
+    print(slicefit.format_fit(fitted))
+    if fitted.unpinned:
+        print("not pinned down after --max-repeats rounds: nothing written (" + "; ".join(u.text() for u in fitted.unpinned)
+              + ")")
+        return 1
+    out = _write(inp, args, slices, kept, runs, fitted, checked)
+    print(f"measured on {hardware_name([median_of(runs, s) for s in kept])} at {inp.ranks} rank(s) per slice")
     print(f"wrote {out} (basis: measured{', shrunk: not the production GEMMs' if args.shrink > 1 else ''}); use it:")
-    print(f"  {steptune()} plan --config {shlex.quote(str(path))} {shlex.quote(f'planner.calibration_file={out}')}")
+    print(f"  {steptune()} plan --config {shlex.quote(str(inp.path))} {shlex.quote(f'planner.calibration_file={out}')}")
     return 0 if not failed else 1
+
+
+def median_of(runs: Mapping[str, Mapping[int, Any]], s: Slice) -> Any:
+    from orchestrator.plan.stability import median_run
+
+    return median_run(list(runs[s.name].values()))
+
+
+def _write(inp: Inputs, args: Any, slices: SlicePlan, kept: Sequence[Slice], runs: Mapping[str, Mapping[int, Any]],
+           fitted: Any, checked: list[dict[str, Any]]) -> Path:
+    import torch
+
+    from orchestrator.plan import hardware
+    from orchestrator.plan.calibration import load_calibration, write_calibration
+
+    eff = dataclasses.replace(fitted.efficiency, basis="fitted",
+                              basis_note=f"steptune profile of {inp.path.name} on this node"
+                              + (f" (shrunk {args.shrink}x: not the production GEMMs)" if args.shrink > 1 else ""))
+    out = Path(args.out) if args.out else Path("results") / "profile" / f"{inp.raw.get('name', inp.path.stem)}.yaml"
+    compute = [s for s in kept if s.role == "compute"]
+    ran = dataclasses.replace(slices, slices=tuple(compute))
+    results = [median_of(runs, s) for s in compute]
+    prov = provenance(ran, fitted, results, str(inp.path), args.cluster, hardware_name(results),
+                      str(torch.__version__), now())
+    prov.update(hardware.identity(results, inp.cluster.peak_tflops))
+    prov.update({"density": {"ranks_per_slice": inp.ranks, "job_ranks": inp.world,
+                             "gpus_per_node": inp.cluster.gpus_per_node,
+                             "rule": "every rank of a node busy at once, as in the job (slices.density)"},
+                 "layers": inp.layers, "repeats": args.repeats, "rounds": {s.name: len(runs[s.name]) for s in kept},
+                 "runs_step_s": {s.name: [round(float(r.summary.step_time_s), 6) for r in runs[s.name].values()]
+                                 for s in kept},
+                 "parity": checked or "off (steptune profile --parity checks each slice against its canonical run)"})
+    write_calibration(dataclasses.replace(fitted.calibration, efficiency=eff), out, cluster_file=args.cluster,
+                      provenance=prov, uncertainty=fitted.uncertainty,
+                      header="# Planner efficiency fitted by `steptune profile` to measured slices of the "
+                             "production layer shape.\n# Use it as planner.calibration_file=THIS; the efficiency: "
+                             "section and the uncertainty: section are read back.\n")
+    load_calibration(out)  # what was written must read back
+    return out

@@ -22,12 +22,54 @@ PRECISION = {"mixed": "bf16", "bf16_autocast": "bf16", "fp32": "fp32"}
 """Planner job.precision -> trainer run.precision (the trainer's bf16 is autocast over fp32 weights)."""
 
 
+ROLES = ("compute", "dp", "pp")
+"""What a slice measures: the layers' compute (pp 1), data-parallel buckets (bucket sizes x overlap), or pipeline
+sends (pp 2 at the job's microbatch counts)."""
+
+
 @dataclass(frozen=True)
 class Slice:
     name: str
     """What varies from the first slice, e.g. ``mbs=2 recompute=full``."""
     config: Any
     """The trainer config (``trainer.config.TrainConfig``)."""
+    role: str = "compute"
+    """One of ``ROLES``: which of the planner's terms the slice is there to pin."""
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"slice {self.name}: role {self.role!r} is not one of {', '.join(ROLES)}")
+
+
+def density(world: int, gpus_per_node: int, devices_here: int | None = None) -> int:
+    """Ranks a slice runs on so that it occupies a node as the job does: every rank of a node busy at once.
+
+    The job runs ``world`` ranks, ``gpus_per_node`` to a node (the cluster file's), so a node of the job holds
+    min(world, gpus_per_node) busy ranks, and so must the slices: a rank timed alone beside idle ones runs faster
+    than it will in the job (on a 2-core host, 20-44% faster than the same slice with both ranks busy), and a
+    fit to it predicts the job too fast. ``devices_here``: the devices (GPUs, or CPU cores for a CPU job) this
+    node has; fewer than the density is refused, naming both. ValueError naming the field."""
+    for name, v in (("world", world), ("gpus_per_node", gpus_per_node)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
+    ranks = min(world, gpus_per_node)
+    if devices_here is not None and devices_here < ranks:
+        raise ValueError(f"the job runs {ranks} rank(s) per node (world {world}, gpus_per_node {gpus_per_node}) and "
+                         f"this node has {devices_here} device(s): slices at the job's density cannot run here")
+    return ranks
+
+
+def job_world(sweep: Mapping[str, Any], cluster_gpus: int | None = None) -> int:
+    """The job's ranks: a ray or command sweep's ``resources.world_size`` (2 unless set), a model-backend file's
+    cluster size (``planner.cluster.num_gpus``, else ``cluster_gpus``, else tp x pp x dp of its planner section)."""
+    if sweep.get("backend", "model") in ("ray", "command"):
+        return int(((sweep.get("resources") or {}).get("world_size")) or 2)
+    planner = sweep.get("planner") or {}
+    n = ((planner.get("cluster") or {}).get("num_gpus")) or cluster_gpus
+    if n:
+        return int(n)
+    par, tp = planner.get("parallel") or {}, (planner.get("tensor_parallel") or {}).get("size", 1)
+    return int(tp) * int(par.get("pp", 1)) * int(par.get("dp", 1))
 
 
 @dataclass(frozen=True)
@@ -145,7 +187,8 @@ def derive_trainer_slices(sweep: Mapping[str, Any], ranks: int = 2, layers: int 
     """The slice configs of a ray-backend sweep file (``trainer:``, ``baseline:``, ``space:``; a mapping): its
     own model shape, run, data and optimizer, with ``layers`` layers, pp 1 and dp ``ranks``; the baseline's
     micro-batch size and recompute kind, then every other micro-batch size and every other recompute kind of
-    the space, each once. Two microbatches per replica, so gradient accumulation is in every slice.
+    the space, each once. The job's global batch (``_slice_batch``): a slice is the job cut to fewer layers, so
+    its microbatches per replica, and with them every per-microbatch and per-update cost, are the job's.
 
     ValueError naming the flag or field for anything that cannot make a slice.
     """
@@ -171,7 +214,8 @@ def derive_trainer_slices(sweep: Mapping[str, Any], ranks: int = 2, layers: int 
     for mbs, kind in dict.fromkeys(variants):
         cfg = dataclasses.replace(
             base, model=dataclasses.replace(base.model, n_layers=layers),
-            batch=dataclasses.replace(base.batch, global_batch=mbs * ranks * 2, micro_batch_size=mbs),
+            batch=dataclasses.replace(base.batch, global_batch=_slice_batch(base.batch.global_batch, mbs, ranks),
+                                      micro_batch_size=mbs),
             parallel=dataclasses.replace(base.parallel, pp=1, dp=ranks),
             pipeline=type(base.pipeline)(), recompute=_recompute(kind, base.recompute, layers),
             run=dataclasses.replace(base.run, steps=steps, warmup_steps=warmup, timeline_steps=0))
@@ -182,10 +226,56 @@ def derive_trainer_slices(sweep: Mapping[str, Any], ranks: int = 2, layers: int 
     return SlicePlan(tuple(slices), shape, layers, ranks, 1, 1, ())
 
 
+def _slice_batch(global_batch: int, mbs: int, dp: int) -> int:
+    """The job's global batch when a slice's replicas can split it into whole microbatches, else the nearest
+    multiple of mbs x dp at or above it (at least one microbatch per replica)."""
+    unit = mbs * dp
+    return max(unit, -(-global_batch // unit) * unit)
+
+
+def schedules(space: Mapping[str, Any] | None) -> list[tuple[str, int]]:
+    """The pipeline schedules a space can run at pp > 1, each with its virtual stages: [(schedule, v)], empty
+    when the space never pipelines (``parallel.pp`` has no choice above 1)."""
+    pps = [int(p) for p in _choices(space, "parallel.pp")]
+    if not any(p > 1 for p in pps):
+        return []
+    kinds = [str(k) for k in _choices(space, "pipeline.schedule")] or ["1f1b"]
+    vs = [int(v) for v in _choices(space, "pipeline.virtual_stages") if int(v) > 1] or [2]
+    return [(k, max(vs) if k == "interleaved_1f1b" else 1) for k in dict.fromkeys(kinds)]
+
+
+def pp_comm_slices(base: Any, space: Mapping[str, Any] | None, prefix: str) -> tuple[Slice, ...]:
+    """The pipeline slices of one trainer slice config: 2 stages of one layer per model chunk (2 x v layers), at
+    each schedule of the space, at its smallest and largest micro-batch size (the job's global batch, so the most
+    and the fewest microbatches, hence sends, the space runs); dp = the base's ranks / 2, no recompute. The two
+    microbatch counts tell the per-send cost from the fill and drain (``Efficiency.pp_latency_us``)."""
+    from trainer.knobs import BalancedSplit, NoRecompute
+
+    ranks = base.world_size // base.tensor_parallel.size
+    if ranks < 2 or ranks % 2:
+        raise ValueError(f"--ranks: the pipeline slices need an even number of ranks >= 2 (this slice has {ranks})")
+    sizes = sorted({int(b) for b in _choices(space, "batch.micro_batch_size")} or {base.batch.micro_batch_size})
+    out = []
+    for kind, v in schedules(space):
+        for mbs in dict.fromkeys((sizes[0], sizes[-1])):
+            dp = ranks // 2
+            cfg = dataclasses.replace(
+                base, model=dataclasses.replace(base.model, n_layers=2 * v),
+                batch=dataclasses.replace(base.batch, global_batch=_slice_batch(base.batch.global_batch, mbs * 2, dp)
+                                          if kind == "interleaved_1f1b" else
+                                          _slice_batch(base.batch.global_batch, mbs, dp), micro_batch_size=mbs),
+                parallel=dataclasses.replace(base.parallel, pp=2, dp=dp),
+                pipeline=dataclasses.replace(type(base.pipeline)(), schedule=kind, virtual_stages=v,
+                                             split=BalancedSplit()),
+                recompute=NoRecompute())
+            out.append(Slice(f"{prefix} pp=2 {kind} mbs={mbs}", cfg, "pp"))
+    return tuple(out)
+
+
 def bucket_sizes(space: Mapping[str, Any] | None, base_mb: float) -> list[float]:
     """The DP bucket sizes (MB) the DP slices run: the space's ``data_parallel.bucket_mb`` choices, or a float
     range's ends and its geometric middle, or, without the knob, the trainer's own size and a tenth of it.
-    At least two, so the per-message cost and the bandwidth can be told apart (``plan.commfit``)."""
+    At least two, so the per-message cost and the bandwidth can be told apart (``plan.slicefit``)."""
     spec = ((space or {}).get("params") or {}).get("data_parallel.bucket_mb")
     if isinstance(spec, Mapping) and "choices" in spec:
         out = sorted({float(c) for c in spec["choices"]})
@@ -208,15 +298,16 @@ def dp_comm_slices(base: Any, buckets: list[float], prefix: str) -> tuple[Slice,
     for mb in buckets:
         for overlap in (False, True):
             cfg = dataclasses.replace(base, data_parallel=ReplicateDP(overlap_grad_reduce=overlap, bucket_mb=mb))
-            out.append(Slice(f"{prefix} dp bucket_mb={mb:g} overlap={'on' if overlap else 'off'}", cfg))
+            out.append(Slice(f"{prefix} dp bucket_mb={mb:g} overlap={'on' if overlap else 'off'}", cfg, "dp"))
     return tuple(out)
 
 
 def derive_any(sweep: Mapping[str, Any], ranks: list[int], layers: list[int], shrink: int = 1, steps: int = 4,
-               device: str = "cpu", dp_comm: bool = True) -> tuple[SlicePlan, tuple[Slice, ...]]:
+               device: str = "cpu", dp_comm: bool = True, pp_comm: bool = True) -> tuple[SlicePlan, tuple[Slice, ...]]:
     """The compute slices of any sweep file (backend model: ``derive_slices``; backend ray: ``derive_trainer_slices``)
-    at every rank count and layer count given, and the data-parallel communication slices (``dp_comm_slices`` of
-    the baseline slice at the most layers) for each rank count whose slices run at dp >= 2 with bucketed DP.
+    at every rank count and layer count given, and the communication slices: data-parallel (``dp_comm_slices`` of
+    the baseline slice at the most layers) for each rank count whose slices run at dp >= 2 with bucketed DP, and,
+    for a ray-backend space that pipelines, pipeline (``pp_comm_slices``) for each even rank count.
     Names carry ranks and layers when there are several of either. ValueError naming the flag or field."""
     backend = sweep.get("backend", "model")
     if backend == "model":
@@ -243,6 +334,8 @@ def derive_any(sweep: Mapping[str, Any], ranks: list[int], layers: list[int], sh
                     and getattr(base.data_parallel, "kind", "") == "replicate"):
                 comm += dp_comm_slices(base, bucket_sizes(sweep.get("space"), base.data_parallel.bucket_mb),
                                        f"ranks={r} layers={L}")
+            if pp_comm and backend == "ray" and L == max(layers) and r >= 2 and r % 2 == 0:
+                comm += pp_comm_slices(base, sweep.get("space"), f"ranks={r}")
     first = plans[0]
     notes = tuple(dict.fromkeys(n for p in plans for n in p.notes))
     merged = dataclasses.replace(first, slices=tuple(s for p in plans for s in p.slices), notes=notes,

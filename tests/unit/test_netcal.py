@@ -239,3 +239,84 @@ def test_written_bandwidth_efficiencies_are_the_docs_rule(base, gpus, tiers, exp
     docs = " ".join((REPO / "docs" / "planner.md").read_text().split())
     assert "`tp_bw_eff` with the intra-node tier" in docs
     assert "`dp_bw_eff` and `pp_bw_eff` with the inter-node tier, or with the intra-node tier when the whole job" in docs
+
+
+def _scaled(text: str, factor_of_row) -> str:
+    """``text`` with row i's out-of-place and in-place times multiplied by ``factor_of_row(i)``."""
+    lines = text.splitlines()
+    rows = [i for i, ln in enumerate(lines) if ln.strip() and not ln.startswith("#")]
+    for k, i in enumerate(rows):
+        tok = lines[i].split()
+        f = factor_of_row(k)
+        tok[5], tok[9] = f"{f * float(tok[5]):.1f}", f"{f * float(tok[9]):.1f}"
+        lines[i] = "  ".join(tok)
+    return "\n".join(lines) + "\n"
+
+
+def test_repeats_pool_by_the_median_per_size_so_one_slow_repeat_moves_nothing():
+    clean = _synthetic("all_reduce", ["a"] * 2, 200.0, 1.3)
+    slow = _scaled(clean, lambda k: 5.0 if k % 2 else 1.0)  # every other size 5x slower in this repeat
+    tables = [netcal.parse(t, f"all_reduce_perf{i}.txt") for i, t in enumerate((clean, slow, clean))]
+    one = netcal.pooled(tables)
+    assert one.source == "all_reduce_perf0.txt x3" and one.collective == "all_reduce" and one.hosts == ("a", "a")
+    assert [p.size_bytes for p in one.points] == sorted({p.size_bytes for p in tables[0].points})
+    assert [p.time_us for p in one.points] == [p.time_us for p in tables[0].points if not p.in_place]
+    (f,) = netcal.fit([one]).values()
+    assert f.latency_us == pytest.approx(200.0, rel=0.02) and f.rel_rms < 0.01
+    assert netcal.pooled(tables[:1]) is tables[0]
+    other = netcal.parse(_synthetic("all_gather", ["a"] * 2, 200.0, 1.3), "all_gather_perf.txt")
+    with pytest.raises(ValueError, match="repeats must measure one collective over the same ranks"):
+        netcal.pooled([tables[0], other])
+
+
+def test_bad_tables_names_the_tables_over_the_line_worst_first():
+    good = netcal.parse(_synthetic("all_reduce", ["a"] * 2, 200.0, 1.3), "all_reduce_perf.txt")
+    fits = netcal.fit([good])
+    assert netcal.bad_tables(fits) == []
+    bad = netcal.parse(_scaled(_synthetic("all_gather", ["a"] * 2, 200.0, 1.3), lambda k: 3.0 if k % 2 else 1.0),
+                       "all_gather_perf.txt")
+    fits = netcal.fit([good, bad])
+    ((src, err),) = netcal.bad_tables(fits)
+    assert src == "all_gather_perf.txt" and err == fits["intra_node"].table_rel_rms[1] > netcal.FIT_WARN
+    assert "B: " in netcal.off_the_line(bad, fits["intra_node"]) and "us on the line" in netcal.off_the_line(
+        bad, fits["intra_node"])
+
+
+def test_measure_repeats_a_table_off_the_line_up_to_the_cap_then_says_why(tmp_path, monkeypatch, capsys):
+    """--measure: every all-reduce run 3x slow on every other size (off the line whatever the repeats), the
+    all-gather clean: the all-reduce is measured again until --max-repeats, the all-gather is not; the file is
+    written and the warning says the cap was reached."""
+    import trainer.netbench
+
+    calls = []
+
+    def fake(op, n):
+        calls.append(op)
+        text = _synthetic(op, ["a"] * n, 200.0, 1.3)
+        return _scaled(text, lambda k: 3.0 if k % 2 else 1.0) if op == "all_reduce" else text
+
+    monkeypatch.setattr(trainer.netbench, "measure_local", fake)
+    out = tmp_path / "c.yaml"
+    assert main(["netcal", "--measure", "2", "--ops", "all_reduce,all_gather", "--repeats", "2", "--max-repeats", "4",
+                 "--base", str(BASE), "--out", str(out)]) == 0
+    assert calls.count("all_reduce") == 4 and calls.count("all_gather") == 2
+    printed = capsys.readouterr()
+    assert "measuring all_reduce again (run 3 of at most 4)" in printed.out
+    assert "still after 4 runs (--max-repeats)" in printed.err and out.exists()
+    assert main(["netcal", "--measure", "2", "--repeats", "5", "--max-repeats", "4", "--base", str(BASE),
+                 "--out", str(out)]) == 2
+    assert "--repeats 5 / --max-repeats 4" in capsys.readouterr().err
+
+
+def test_measure_stops_when_more_runs_no_longer_narrow_the_fit(tmp_path, monkeypatch, capsys):
+    """The same off-the-line shape in every run: the pooled error holds still, so netcal stops before its cap and
+    says the runs agree (the collective's shape, not noise)."""
+    import trainer.netbench
+
+    calls = []
+    monkeypatch.setattr(trainer.netbench, "measure_local", lambda op, n: calls.append(op) or _scaled(
+        _synthetic(op, ["a"] * n, 200.0, 1.3), lambda k: 3.0 if k % 2 else 1.0))
+    assert main(["netcal", "--measure", "2", "--ops", "all_reduce", "--repeats", "1", "--max-repeats", "9",
+                 "--base", str(BASE), "--out", str(tmp_path / "c.yaml")]) == 0
+    assert len(calls) == 3
+    assert "its runs agree" in capsys.readouterr().err

@@ -123,9 +123,14 @@ def test_the_500b_layer_is_refused_on_the_cpu_box_with_the_memory_it_needs():
 
 def test_cli_refuses_in_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "cal.yaml"
+    # The 500B job keeps every GPU of an 8-GPU node busy: its slices need 8 ranks, and this host has fewer cores.
     assert main(["profile", "--config", str(PRESET), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "needs" in err and "GiB" in err and not out.exists()
+    assert len(err.splitlines()) == 1 and not out.exists()
+    assert "the job runs 8 rank(s) per node (world 5120, gpus_per_node 8)" in err and "device(s)" in err
+    # A rank count other than the job's density is refused, naming the density.
+    assert main(["profile", "--config", str(ROOT / "search_spaces" / "default.yaml"), "--ranks", "1"]) == 2
+    assert "--ranks 1: the job keeps 2 rank(s) of a node busy (its 2 rank(s), 64 per node)" in capsys.readouterr().err
     assert main(["profile", "--config", str(tmp_path / "missing.yaml")]) == 2
     assert "--config" in capsys.readouterr().err
     assert main(["profile", "--config", str(PRESET), "--layers", "0"]) == 2
@@ -148,7 +153,7 @@ def test_trainer_slices_of_a_ray_sweep_keep_its_shape_and_cover_each_knob_once()
         c = s.config
         assert (c.model.n_layers, c.model.d_model, c.model.n_heads, c.model.seq_len) == (1, 64, 4, 64)
         assert (c.parallel.pp, c.parallel.dp, c.world_size) == (1, 2, 2)
-        assert c.batch.global_batch == 2 * 2 * c.batch.micro_batch_size  # two microbatches per replica
+        assert c.batch.global_batch == 16  # the job's global batch: its microbatches per replica
         assert (c.run.steps, c.run.warmup_steps, c.run.threads_per_rank) == (6, 2, 1)
     assert plan.slices[0].config.recompute.num_layers == 1  # the baseline's recompute settings, within 1 layer
     assert plan.shape == {"d_model": 64, "n_heads": 4, "d_ff": 256, "vocab_size": 256, "seq_len": 64,
@@ -197,12 +202,17 @@ def test_any_sweep_file_several_layer_and_rank_counts_and_the_dp_comm_slices():
     plan, comm = derive_any(ray, [1, 2], [1, 2], steps=4)
     assert len(plan.slices) == 4 * 6 and len({s.name for s in plan.slices}) == 24
     assert {(s.config.world_size, s.config.model.n_layers) for s in plan.slices} == {(1, 1), (1, 2), (2, 1), (2, 2)}
-    assert [s.name for s in comm] == [f"ranks=2 layers=2 dp bucket_mb={b} overlap={o}"
-                                      for b in ("0.05", "0.5", "5") for o in ("off", "on")]
-    assert all(c.config.parallel.dp == 2 and c.config.model.n_layers == 2 for c in comm)
-    assert [c.config.data_parallel.overlap_grad_reduce for c in comm[:2]] == [False, True]
-    _, none = derive_any(ray, [2], [1], steps=4, dp_comm=False)
+    dp = [c for c in comm if c.role == "dp"]
+    assert [s.name for s in dp] == [f"ranks=2 layers=2 dp bucket_mb={b} overlap={o}"
+                                    for b in ("0.05", "0.5", "5") for o in ("off", "on")]
+    assert all(c.config.parallel.dp == 2 and c.config.model.n_layers == 2 for c in dp)
+    assert [c.config.data_parallel.overlap_grad_reduce for c in dp[:2]] == [False, True]
+    assert [s.name for s in comm if s.role == "pp"] == [f"ranks=2 pp=2 {k} mbs={m}" for k in
+                                                         ("gpipe", "1f1b", "interleaved_1f1b") for m in (1, 8)]
+    _, none = derive_any(ray, [2], [1], steps=4, dp_comm=False, pp_comm=False)
     assert none == ()
+    _, pp_only = derive_any(ray, [2], [1], steps=4, dp_comm=False)
+    assert {s.role for s in pp_only} == {"pp"}
     m_plan, m_comm = derive_any(sweep(tensor_parallel={"size": 1}, parallel={"pp": 2, "dp": 4}), [2], [1, 2])
     assert [s.name for s in m_plan.slices][:2] == ["ranks=2 layers=1 mbs=1 recompute=full",
                                                    "ranks=2 layers=1 mbs=2 recompute=full"]
