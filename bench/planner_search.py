@@ -12,7 +12,6 @@ configs PlanConfig rejects (e.g. a split that does not divide) count as infeasib
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 import warnings
@@ -28,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from results_file import write_and_print  # noqa: E402 (bench/ is the script's own folder)
 
-from orchestrator.planner import (apply_params, enumerate_space, knob_values, plan_config_from_dict,  # noqa: E402
-                                  predict)
+from orchestrator.planner import apply_params, knob_values, plan_config_from_dict, predict  # noqa: E402
+from orchestrator.planner.grid import best_config  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -80,16 +79,8 @@ def _step(values: list[int]) -> int:
 
 
 def true_optimum(base, space: dict) -> tuple[float, dict]:
-    grid = enumerate_space(base, space, float_points=24)
-    times = grid.feasible_times()
-    best_t, best_p = math.inf, {}
-    for i in np.argsort(times)[:20]:
-        params = grid.params(i)
-        for mb in np.geomspace(space["data_parallel.bucket_mb"]["low"], space["data_parallel.bucket_mb"]["high"], 400):
-            p = predict(apply_params(base, {**params, "data_parallel.bucket_mb": float(mb)}))
-            if p.fits_memory and p.step_time_s < best_t:
-                best_t, best_p = p.step_time_s, {**params, "data_parallel.bucket_mb": float(mb)}
-    return best_t, best_p
+    """The space's best config: orchestrator.planner.grid.best_config (the grid, then the bucket size refined)."""
+    return best_config(base, space)
 
 
 def run(sampler: optuna.samplers.BaseSampler, base, space: dict, baseline: dict, target: float, cap: int) -> int | None:

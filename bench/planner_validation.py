@@ -8,7 +8,9 @@
 4. Goal figures (held-out median / worst, leave-one-source-out worst), met or not.
 5. Leave one source out. 6. A transcription cross-check. 7. Memory: what ran in 80 GB.
 8. Which rows, as transcribed, would not fit in their GPU's memory (a diagnostic), and the FSDP rows' memory.
-9. torchtitan: MFU cross-check and network sensitivity. 10. MT-NLG at its three cluster sizes (diagnostic).
+9. torchtitan: MFU cross-check and network sensitivity. 10. MT-NLG at its three cluster sizes, and DeepSpeed's
+pipeline engine checked against it (diagnostic). 11. The fits' uncertainty (bootstrap over the fit rows), stored
+in orchestrator/planner/corpus/uncertainty.yaml, and its intervals' coverage of the held-out rows.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ from results_file import write_and_print  # noqa: E402 (bench/ is the script's o
 from orchestrator.planner import NoRecompute, apply_params, predict, predicts_oom  # noqa: E402
 from orchestrator.planner import corpus, fidelity  # noqa: E402
 from orchestrator.planner.band import write_band  # noqa: E402
+from orchestrator.planner.comm import p2p_time  # noqa: E402
+from orchestrator.planner.knobs import Consts, encode  # noqa: E402
 from orchestrator.planner.published import FIT_RUNS  # noqa: E402
+from orchestrator.planner.timing import stage_times  # noqa: E402
 
 
 
@@ -36,7 +41,7 @@ def _pct(pred: float, ref: float) -> float:
     return 100.0 * (pred / ref - 1.0)
 
 
-def corpus_section(lines: list[str]) -> None:
+def corpus_section(lines: list[str]) -> tuple[list, dict]:
     rows = corpus.load()
     fits = fidelity.fit_all(rows)
     held = fidelity.heldout_residuals(rows, fits)
@@ -106,6 +111,7 @@ def corpus_section(lines: list[str]) -> None:
             mfu = 100 * f / (x["gpus"] * 312e12 * r.published_step_s)
             lines.append(f"| {r.id} | {r.published_step_s} | {mfu:.1f}% | {readme[r.id]}% |")
     lines.append("")
+    return rows, fits
 
 
 def memory_section(lines: list[str]) -> None:
@@ -256,20 +262,114 @@ def mtnlg_section(lines: list[str]) -> None:
                      f"{_pct(p.step_time_s, t):+.1f}% | {missing:.1f} | {1e3 * missing / slots:.0f} |")
     slope, fixed = np.polyfit([a for a, _ in pts], [b for _, b in pts], 1)
     lines += ["", f"A line through the three: missing = {1e3 * slope:.0f} ms per slot + {fixed:.1f} s per update. Part of "
-              "the shortfall grows with the microbatches a pipeline runs and part does not; the source describes "
-              "neither (DeepSpeed's 2021 pipeline engine), so the planner gets no mechanism for them.", ""]
+              "the shortfall grows with the microbatches a pipeline runs and part does not.", ""]
+    deepspeed_checks(lines, r, fits)
+
+
+def train_schedule_time(F: np.ndarray, B: np.ndarray, send: float, m: int) -> float:
+    """The pipeline part of an update under DeepSpeed's TrainSchedule (deepspeed/runtime/pipe/schedule.py), step
+    by step: 2 (m + p - 1) steps; in each, every stage runs one forward or one backward (or nothing), even stages
+    forward on even steps, odd stages on odd steps; a step starts with blocking sends and receives with one
+    neighbour (a forward step with the stage before it, a backward step with the one after), which wait for
+    both to have finished the previous step, ``send`` seconds per message. ``F``, ``B``: per stage, one
+    microbatch (B with its recompute). Returns the last stage's end."""
+    p, end = len(F), np.zeros(len(F))
+    prev = [-1] * p
+    for k in range(2 * (m + p - 1)):
+        new = end.copy()
+        for s in range(p):
+            fwd = k % 2 == s % 2  # TrainSchedule._step_to_micro_batch, its four cases
+            if fwd:
+                mb = (k - k % 2) // 2 - s // 2
+            elif k % 2 == 0:  # an odd stage's backward on an even step
+                mb = k // 2 - p + (s + 1) // 2
+            else:  # an even stage's backward on an odd step
+                mb = (k - 1) // 2 - p + 1 + s // 2
+            partner = s - 1 if fwd else s + 1
+            msgs = (0 <= mb < m) + (0 <= prev[s] < m) if 0 <= partner < p else 0
+            start = max(end[s], end[partner]) + msgs * send if msgs else end[s]
+            new[s] = start + ((F[s] if fwd else B[s]) if 0 <= mb < m else 0.0)
+            prev[s] = mb
+        end = new
+    return float(end.max())
+
+
+def deepspeed_checks(lines: list[str], r, fits) -> None:
+    """The two ways DeepSpeed's pipeline engine (which MT-NLG ran: Smith et al. 2022) differs from Megatron's
+    schedule, each priced for the corpus row: its step-synchronous TrainSchedule, and sending whole activations
+    instead of a 1/t slice per tensor-parallel rank (which DeepSpeed does not do: with tensor parallelism its
+    engine partitions them, ``is_pipe_partitioned = is_model_parallel``, and all-gathers on arrival, as
+    Megatron's scatter/gather does)."""
+    cfg = r.config(fidelity.transferred_efficiency(fits, r.gpu))
+    p = predict(cfg)
+    C, K = Consts.of(cfg), encode([cfg])
+    st = stage_times(C, K)
+    F, B, send = st["F"][0], st["B"][0], float(st["p2p"][0])
+    m, pp = cfg.microbatches, cfg.parallel.pp
+    rest = p.step_time_s - p.compute_track_s
+    lockstep = train_schedule_time(F, B, send, m) + rest
+    T, h, t = cfg.batch.micro_batch_size * cfg.job.seq_len, cfg.model.hidden_size, cfg.tensor_parallel.size
+    whole = float(p2p_time(2.0 * T * h, C.bw_pp, *C.pp_latency()))
+    whole_s = p.step_time_s + 2 * (m + pp - 1) * (whole - send)
+    pub = r.published_step_s
+    lines += ["DeepSpeed's pipeline engine, priced for the corpus row (mtnlg-530b; the planner's per-stage forward "
+              f"{1e3 * F.max():.1f} ms and backward with recompute {1e3 * B.max():.1f} ms per microbatch, one send "
+              f"{1e3 * send:.2f} ms):", "",
+              "| what | predicted s | error |", "|---|---:|---:|",
+              f"| the planner (Megatron's 1F1B: m x the slowest stage + fill and drain) | {p.step_time_s:.2f} | "
+              f"{_pct(p.step_time_s, pub):+.1f}% |",
+              f"| DeepSpeed's TrainSchedule step by step: 2(m + p - 1) steps, blocking sends paired at each step "
+              f"| {lockstep:.2f} | {_pct(lockstep, pub):+.1f}% |",
+              f"| whole {2 * T * h / 1e6:.0f} MB activations per send from every TP rank (not what DeepSpeed does "
+              f"under TP) | {whole_s:.2f} | {_pct(whole_s, pub):+.1f}% |", "",
+              "The step-synchronous schedule costs what 1F1B costs (each step waits for its neighbour, but the "
+              "neighbours are a pass apart, as in 1F1B), and DeepSpeed partitions the sends as Megatron does: "
+              "neither mechanism the source describes accounts for the gap.", ""]
+
+
+def uncertainty_section(lines: list[str], rows, fits, replicates: int) -> None:
+    """Bootstrap every generation's fit over its fit rows, store it (corpus/uncertainty.yaml), and check the
+    intervals it gives on the held-out rows with three choices of residuals."""
+    sets = fidelity.refresh_uncertainty(rows, fits, replicates)
+    u = sets["b200"].uncertainty
+    lines += ["## 11. The fits' uncertainty (orchestrator/planner/corpus/uncertainty.yaml)", "",
+              f"Each generation's fit repeated {replicates} times on its fit rows drawn with replacement (the H100 "
+              f"fit from each replicate's A100 set; seed {fidelity.BOOTSTRAP_SEED}), beside the held-out rows' "
+              "step-time residuals log(published / predicted). A prediction made with a corpus set (the 500B "
+              "preset's blind set is the b200 one: `planner.uncertainty: {corpus: b200}`) carries the 5th-95th "
+              "percentile of its prediction under every replicate times a drawn residual "
+              "(orchestrator/planner/uncertainty.py).", "",
+              "| set | field | point | 90% of the replicates |", "|---|---|---:|---|"]
+    for g in ("a100-80gb", "h100-sxm"):
+        for name, point in sets[g].point.items():
+            iv = sets[g].uncertainty.field_interval(name, point)
+            lines.append(f"| {g} | {name} | {point:.4g} | {iv.low:.4g}-{iv.high:.4g} |")
+    lines += ["", f"b200 and h200 take the h100-sxm set and its replicates ({u.basis}).", "",
+              "Which residuals: the share of the 25 held-out rows whose published step time falls inside its 90% "
+              "interval (built with that row's own residual left out), by what the replicates are combined with:", "",
+              "| residuals | held-out rows inside | median width (high - low) / point |", "|---|---:|---:|"]
+    for label, key in (("none (the replicates' spread alone)", "none"), ("the fit rows' own (in sample)", "fit"),
+                       ("the other held-out rows' (stored)", "heldout")):
+        inside, n, width = fidelity.heldout_coverage(rows, fits, sets, key)
+        lines.append(f"| {label} | {inside}/{n} ({inside / n:.0%}) | {100 * width:.1f}% |")
+    lines += ["", "Only the held-out residuals make the interval hold what it states: the fit rows are reproduced "
+              "closely by construction, and the parameters' spread alone says nothing of what the model lacks. The "
+              "stored sets use them.", ""]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench/results/planner_validation.md"))
+    ap.add_argument("--replicates", type=int, default=fidelity.BOOTSTRAP_REPLICATES,
+                    help="bootstrap refits of every generation (default: %(default)s; the stored file's count)")
     args = ap.parse_args()
     lines = ["# Planner validation", "", "Command: `.venv/bin/python bench/planner_validation.py`", ""]
-    corpus_section(lines)
+    rows, fits = corpus_section(lines)
     memory_section(lines)
     feasibility_section(lines)
     torchtitan_section(lines)
     mtnlg_section(lines)
+    uncertainty_section(lines, rows, fits, args.replicates)
     lines += ["The 500B preset, blind and calibrated: `python bench/preset_500b.py` (bench/results/preset_500b.md).", ""]
     write_and_print("\n".join(lines), args.out)
 

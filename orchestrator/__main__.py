@@ -322,9 +322,11 @@ COMMANDS: list[Command] = [
             "Fit the planner's efficiency parameters to a sweep's measured trials and write them as YAML, for "
             "the memory pre-filter (prefilter.calibration) or the model backend.", _calibrate_args, _calibrate),
     Command("plan", "predict one config with the planner (no sweep)",
-            "One config in, the planner's prediction out: the breakdown along the critical path, memory per "
-            "pipeline stage, MFU with its peak basis, the band, and the file's target judged at the point and at "
-            "the band's upper end. key=value changes a knob or planner.<section>.<field>.", _plan_args, _plan),
+            "One config in, the planner's prediction out: the step time with its interval (the fit's uncertainty, "
+            "else the corpus band) and where it comes from, the breakdown along the critical path, memory per "
+            "pipeline stage, MFU with its peak basis, and the file's target judged on the interval (met, not met "
+            "or undecided). --best also searches the file's space. key=value changes a knob or "
+            "planner.<section>.<field>.", _plan_args, _plan),
     Command("netcal", "fit a cluster file's network to nccl-tests output",
             "Read nccl-tests output (all_reduce_perf, reduce_scatter_perf, all_gather_perf, sendrecv_perf), fit "
             "the planner's bandwidth and latency per tier to it, and write a cluster file with basis: measured "

@@ -1,9 +1,11 @@
 """Planner predictions: the ``model`` backend, for a cluster that is not here (orchestrator.planner).
 
 Owns the sweep file's ``planner`` and ``baseline`` sections. Its outcomes carry ``prediction`` and never a
-``result``: a prediction is never presented as a measurement. Its judgement is the planner's own (a
-predicted OOM) plus ``resources.memory_budget_gb`` on the predicted peak; it adds ``prediction`` to the
-ledger and nothing else (no overhead, no probe, nothing to confirm: a prediction repeats exactly).
+``result``: a prediction is never presented as a measurement. Every prediction carries its step-time
+interval (``prediction.interval``, orchestrator/plan/interval.py), which the answer's target verdict reads.
+Its judgement is the planner's own (a predicted OOM) plus ``resources.memory_budget_gb`` on the predicted peak;
+it adds ``prediction`` to the ledger and nothing else (no overhead, no probe, nothing to confirm: a prediction
+repeats exactly).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from orchestrator import planner as pl
 from orchestrator.plan import sources as S
+from orchestrator.plan.interval import step_intervals
 from orchestrator.backends.base import Judgement, RunOutcome, SpaceConfigs, within_budget
 from orchestrator.search.space import Space, params_for
 from trainer.config import flatten
@@ -66,6 +69,7 @@ class ModelRunner:
         try:
             oom, why = pl.predicts_oom(cfg)
             prediction = pl.predict(cfg).to_dict()
+            prediction["interval"] = step_intervals([cfg], self.sources)[0].to_dict()
             if self.sources is not None:  # which parts are measured travels with every prediction
                 prediction["sources"] = {"network": self.sources.network, "compute": self.sources.compute}
             out = RunOutcome("oom" if oom else "ok", f"predicted: {why}" if oom else None, prediction=prediction)

@@ -282,7 +282,7 @@ def summary_markdown(record: TrialRecord, baseline: TrialRecord | None, config: 
             f" ({standing.describe()} {'<=' if meets else '>'} {secs(target_s)}"
             + (f"; the sweep's verdict on its answer: {answer.target.state})" if answer is not None else ")")
             if standing is not None and target_s is not None and not predicted else "")
-        + (_point_only(record) if predicted else ""),
+        + (_interval_note(record, target_s) if predicted else ""),
         *([_place_line(*place, answer)] if place is not None else []),
         f"- MLflow run: `{run_id}`" if run_id else
         f"- MLflow run: not found in the sweep's store; in the UI filter on "
@@ -344,13 +344,16 @@ def _g(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, (int, float)) else "n/a"
 
 
-def _point_only(record: TrialRecord) -> str:
-    """What a predicted 'yes' rests on: the point estimate; the band's upper end is what a robust claim needs."""
-    high = (record.prediction or {}).get("step_time_high_s")
-    if not record.meets_target or not isinstance(high, (int, float)):
+def _interval_note(record: TrialRecord, target_s: float | None) -> str:
+    """What a predicted "meets target" rests on: the point estimate, beside the interval the prediction carries
+    and that interval's verdict (the rule the sweep's answer uses: records.answer.interval_state)."""
+    iv = A.predicted_interval(record)
+    if iv is None:
         return ""
-    return (f", at the point estimate (~{record.metrics.step_time_s:.2f} s); the band's upper end is "
-            f"~{high:.2f} s, and only an upper end within the target makes it robust (the sweep summary's verdict)")
+    low, high, level = iv
+    against = f" against {target_s:.2f} s: {A.interval_state(low, high, target_s)}" if target_s is not None else ""
+    return (f", at the point estimate (~{record.metrics.step_time_s:.2f} s); its {level:.0%} interval is "
+            f"~{low:.2f}-{high:.2f} s{against}")
 
 
 def _yes_no(v: Any) -> str:

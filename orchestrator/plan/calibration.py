@@ -4,7 +4,9 @@
 onto the planner (``orchestrator.plan.prefilter.plan_for_trial``), and hands the pairs to
 ``orchestrator.planner.calibrate``; ``format_calibration`` prints the error per metric before and after;
 ``write_calibration`` / ``load_calibration`` store the fitted efficiency as YAML a sweep's ``prefilter:``
-section points to. ``calibrate_main`` is the command line (``python -m orchestrator calibrate``).
+section points to; ``load_uncertainty`` reads a file's ``uncertainty:`` section (how sure the fit is: its
+bootstrap replicates and residuals), which ``plan`` and the model backend turn into each prediction's interval.
+``calibrate_main`` is the command line (``python -m orchestrator calibrate``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import yaml
 from orchestrator.commands import steptune
 from orchestrator.planner import Calibration, ClusterSpec, Efficiency, calibrate
 from orchestrator.planner.calibrate import BOUNDS, TRAINER_PHASES, trainer_phase_metrics
+from orchestrator.planner.uncertainty import Uncertainty
 from orchestrator.records.ledger import read_records
 from orchestrator.records.record import TrialRecord
 from trainer.knobs import FsdpDP
@@ -192,17 +195,27 @@ def load_calibration(path: str | Path) -> Efficiency:
         raise ValueError(f"{path}: efficiency.{e}") from None
 
 
-def load_uncertainty(path: str | Path) -> Any:
-    """The ``uncertainty:`` section of a calibration file as a ``planner.uncertainty.Uncertainty``, or None when the
-    file has none (a ledger calibration, or a profile from before intervals). ValueError naming the field."""
-    from orchestrator.planner.uncertainty import Uncertainty
-
+def load_uncertainty(path: str | Path) -> Uncertainty | None:
+    """A calibration file's ``uncertainty:`` section (``Uncertainty.to_dict()``: level, basis, samples,
+    residuals), or None when the file has none. Every replicate must make a valid efficiency set with the file's
+    ``efficiency:``; a ValueError names the file and the field otherwise."""
     path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such calibration file (write one with {steptune()} calibrate)")
     data = yaml.safe_load(path.read_text()) or {}
-    section = data.get("uncertainty") if isinstance(data, Mapping) else None
-    if section is None:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{path}: expected a mapping")
+    if data.get("uncertainty") is None:
         return None
-    return Uncertainty.from_dict(section, where=f"{path}: uncertainty")
+    u = Uncertainty.from_dict(data["uncertainty"], f"{path}: uncertainty")
+    point = load_calibration(path)
+    for i, s in enumerate(u.samples):
+        for name, value in s.items():
+            try:
+                dataclasses.replace(point, **{name: value})
+            except ValueError as e:
+                raise ValueError(f"{path}: uncertainty.samples[{i}].{name}: {e}") from None
+    return u
 
 
 # ---- command line ------------------------------------------------------------------------------

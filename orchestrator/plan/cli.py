@@ -9,10 +9,13 @@ planned config, and each ``key=value`` changes it:
   ``planner.cluster_file=FILE`` / ``planner.calibration_file=FILE`` bring in a measured cluster (``steptune
   netcal``) or a fitted efficiency set (orchestrator/plan/sources.py).
 
-Values are read as YAML scalars (``true``, ``3``, ``0.5``, ``[mlp, norm]``). Out comes the prediction: the
-breakdown along the critical path, memory per pipeline stage, MFU with its peak basis, the band and which
-efficiency set produced it, and the file's target judged at the point and at the band's upper end. A bad
-config or key is one line on stderr naming the field, exit status 2, before anything is predicted.
+Values are read as YAML scalars (``true``, ``3``, ``0.5``, ``[mlp, norm]``). Out comes the prediction: the step
+time with its interval and where the interval comes from (orchestrator/plan/interval.py), the breakdown along
+the critical path, memory per pipeline stage, MFU with its peak basis, which efficiency set produced it, and
+the file's target judged on the interval: met, not met or undecided (``records.answer.interval_state``, the
+sweep answer's rule). ``--best`` also searches the file's whole space (``planner.grid.best_config``) and judges
+its fastest config the same way. A bad config or key is one line on stderr naming the field, exit status 2,
+before anything is predicted.
 """
 
 from __future__ import annotations
@@ -33,13 +36,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=DEFAULT_CONFIG, metavar="FILE",
                    help=f"sweep file with backend: model (default: {DEFAULT_CONFIG})")
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    p.add_argument("--best", action="store_true",
+                   help="also search the file's space (every config, float knobs refined; seconds to a minute for "
+                        "the 500B preset) and print its fastest config's interval and verdict")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="knobs on top of the baseline, or planner.<section>.<field>=value")
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        out = plan(args.config, args.overrides)
+        out = plan(args.config, args.overrides, best=args.best)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -92,10 +98,12 @@ def _split_overrides(items: list[str], planner: dict, known_planner: list[str]) 
     return knobs
 
 
-def plan(path: str | Path, overrides: list[str]) -> dict[str, Any]:
-    """The prediction for the sweep file's baseline with ``overrides`` applied, as a JSON-able mapping."""
+def plan(path: str | Path, overrides: list[str], best: bool = False) -> dict[str, Any]:
+    """The prediction for the sweep file's baseline with ``overrides`` applied, as a JSON-able mapping; with
+    ``best``, also the fastest config of the file's space."""
     from orchestrator import planner as pl
-    from orchestrator.plan.sources import FILE_KEYS, resolve
+    from orchestrator.plan.interval import step_intervals
+    from orchestrator.plan.sources import FILE_KEYS, UNCERTAINTY_KEY, resolve
     from orchestrator.search.target import parse_target
 
     path = Path(path)
@@ -111,7 +119,7 @@ def plan(path: str | Path, overrides: list[str]) -> dict[str, Any]:
     defaults = pl.plan_config_to_dict(pl.PlanConfig(cluster=pl.ClusterSpec(num_gpus=1)))
     options = [f"planner.recompute.{f}" for f in ("kind", "method", "num_layers", "modules")] + [
         f"planner.pipeline.split.{f}" for f in ("kind", "first", "last")]
-    files = [f"planner.{k}" for k in FILE_KEYS]
+    files = [f"planner.{k}" for k in FILE_KEYS] + [f"planner.{UNCERTAINTY_KEY}.corpus"]
     known = sorted(set(_flat(defaults, "planner")) | set(_flat(planner, "planner")) | set(options) | set(files))
     knobs = _split_overrides(list(overrides), planner, known)
     planner, sources = resolve(planner, path.parent)
@@ -128,10 +136,21 @@ def plan(path: str | Path, overrides: list[str]) -> dict[str, Any]:
     pred, base_pred = pl.predict(cfg), pl.predict(baseline)
     target = parse_target(raw.get("target")) if raw.get("target") is not None else None
     target_s = target.seconds(base_pred.step_time_s) if target else None
-    verdict = None
-    if target_s is not None:
-        verdict = ("robust" if pred.step_time_high_s <= target_s else
-                   "point only" if pred.step_time_s <= target_s else "not met")
+    best_out = None
+    if best:
+        space = (raw.get("space") or {}).get("params")
+        if not isinstance(space, Mapping) or not space:
+            raise ValueError(f"--best: {path} has no space.params to search")
+        t, params = _best(baseline, space)
+        if not params:
+            raise ValueError(f"--best: no config of {path}'s space fits in memory")
+        best_cfg = pl.apply_params(baseline, params)
+        best_out = {"params": params, "step_time_s": t}
+    cfgs = [cfg] + ([best_cfg] if best_out else [])
+    ivs = step_intervals(cfgs, sources)
+    if best_out:
+        best_out.update(interval=ivs[1].to_dict(),
+                        target_verdict=ivs[1].verdict(target_s) if target_s is not None else None)
     return {
         "source": str(path), "overrides": list(overrides), "predicted": True,
         "efficiency_basis": cfg.efficiency.basis, "efficiency_note": cfg.efficiency.basis_note,
@@ -139,8 +158,18 @@ def plan(path: str | Path, overrides: list[str]) -> dict[str, Any]:
         "peak_tflops_per_gpu": cfg.cluster.peak_tflops, "num_gpus": cfg.cluster.num_gpus,
         "knobs": pl.knob_values(cfg), "baseline_step_time_s": base_pred.step_time_s,
         "target": target.describe(base_pred.step_time_s) if target else None, "target_s": target_s,
-        "target_verdict": verdict, "prediction": pred.to_dict(), "config": pl.plan_config_to_dict(cfg),
+        "interval": ivs[0].to_dict(), "target_verdict": ivs[0].verdict(target_s) if target_s is not None else None,
+        "best": best_out, "prediction": pred.to_dict(), "config": pl.plan_config_to_dict(cfg),
     }
+
+
+def _best(baseline: Any, space: Mapping[str, Any]) -> tuple[float, dict[str, Any]]:
+    from orchestrator.planner.grid import best_config
+
+    try:
+        return best_config(baseline, space)
+    except ValueError as e:
+        raise ValueError(f"--best: {e}") from None
 
 
 _PARTS = (("forward", "forward_s"), ("backward", "backward_s"), ("recompute", "recompute_s"),
@@ -168,8 +197,8 @@ def render(out: Mapping[str, Any]) -> str:
              f"efficiency set: {out['efficiency_basis']}" + (f" ({out['efficiency_note']})" if out["efficiency_note"] else ""),
              f"network: {out['sources']['network']}",
              *out["sources"].get("warnings", []),
-             f"step time: ~{p['step_time_s']:.3f} s per update; band {p['step_time_low_s']:.3f}-"
-             f"{p['step_time_high_s']:.3f} s ({p['band_basis']})",
+             f"step time: {_interval_text(out['interval'])} per update",
+             f"interval: {out['interval']['basis']}",
              "breakdown (critical path, s): " + ", ".join(f"{n} {p[key]:.3f}" for n, key in _PARTS)
              + f"; data-parallel traffic before overlap {p['dp_total_s']:.3f}; critical stage {p['critical_stage']}",
              f"throughput: {p['tokens_per_s']:,.0f} tokens/s; MFU {p['mfu']:.1%} of {out['peak_tflops_per_gpu']:g} "
@@ -181,10 +210,30 @@ def render(out: Mapping[str, Any]) -> str:
     lines.append(f"peak {p['peak_memory_bytes'] / gb:.1f} GB of {hbm:g} GB per GPU: "
                  + ("fits" if p["fits_memory"] else "DOES NOT FIT"))
     if out["target_s"] is not None:
-        t, v = out["target_s"], out["target_verdict"]
-        lines.append(f"target {out['target']}: " + {
-            "robust": f"met ROBUSTLY (upper end {p['step_time_high_s']:.2f} s <= {t:.2f} s)",
-            "point only": f"met at the POINT ESTIMATE ONLY ({p['step_time_s']:.2f} s <= {t:.2f} s, "
-                          f"upper end {p['step_time_high_s']:.2f} s)",
-            "not met": f"not met ({p['step_time_s']:.2f} s > {t:.2f} s)"}[v])
+        lines.append(f"target {out['target']}: {_verdict_text(out['interval'], out['target_s'], out['target_verdict'])}")
+    if out.get("best"):
+        b = out["best"]
+        lines += [f"best config of the file's space: {_interval_text(b['interval'])}  [{_params_text(b['params'])}]"]
+        if out["target_s"] is not None:
+            lines.append(f"  target {out['target']}: {_verdict_text(b['interval'], out['target_s'], b['target_verdict'])}")
     return "\n".join(lines)
+
+
+def _interval_text(iv: Mapping[str, Any]) -> str:
+    """``9.12 s (90%: 8.93-11.91 s)``: planner.uncertainty.Interval.text()."""
+    from orchestrator.planner.uncertainty import Interval
+
+    return Interval(iv["low"], iv["point"], iv["high"], iv["level"]).text()
+
+
+def _verdict_text(iv: Mapping[str, Any], target_s: float, state: str) -> str:
+    """The interval against the target, in the words of the sweep's answer (met / not met / undecided)."""
+    span = f"{iv['level']:.0%} interval {iv['low']:.2f}-{iv['high']:.2f} s"
+    return {"met": f"met (the whole {span} is at or under {target_s:.2f} s)",
+            "not met": f"not met (the whole {span} is above {target_s:.2f} s)",
+            "undecided": f"undecided (the {span} straddles {target_s:.2f} s; the point estimate "
+                         f"{iv['point']:.2f} s is {'under' if iv['point'] <= target_s else 'over'} it)"}[state]
+
+
+def _params_text(params: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())

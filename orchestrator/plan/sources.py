@@ -8,10 +8,17 @@ measured files instead (``steptune plan ... planner.cluster_file=mine.yaml`` wor
   (the measured bandwidth is already what the collectives achieved); a plain cluster file (a datasheet
   machine) replaces every inline field except ``num_gpus``, which is the job's.
 * ``calibration_file``: an efficiency set fitted to measured runs (``steptune calibrate``); it replaces the
-  inline ``efficiency:`` whole, with ``basis: fitted`` and a note naming the file.
+  inline ``efficiency:`` whole, with ``basis: fitted`` and a note naming the file. Its ``uncertainty:``
+  section, when it has one (``calibration.load_uncertainty``), is how sure that fit is.
+
+A third key says how sure an inline set is: ``uncertainty: {corpus: GENERATION}`` names the corpus set the
+inline ``efficiency:`` is (the 500B preset's blind set is the ``b200`` one: the H100 fit, transferred); its
+stored bootstrap (``orchestrator/planner/corpus/uncertainty.yaml``) gives every prediction its interval
+(``plan/interval.py``). A calibration file replaces the inline set, so it replaces this too.
 
 ``resolve`` returns the plain planner mapping the planner parses, and ``Sources``: one line each for the
-network and the compute side saying which parts are measured and which are priors, for every prediction.
+network and the compute side saying which parts are measured and which are priors, for every prediction, and
+the fit uncertainty of the efficiency set, if any.
 """
 
 from __future__ import annotations
@@ -25,12 +32,17 @@ from typing import Any, Mapping
 import yaml
 
 from orchestrator.commands import steptune
+from orchestrator.plan.calibration import load_calibration, load_uncertainty
 from orchestrator.plan.hardware import mismatch
 from orchestrator.plan.netcal import TIER_FIELDS, measured_efficiencies
+from orchestrator.planner.corpus_uncertainty import SetUncertainty, corpus_set
+from orchestrator.planner.parse import UNCERTAINTY_KEY
 
 log = logging.getLogger(__name__)
 
 FILE_KEYS = ("cluster_file", "calibration_file")
+NO_UNCERTAINTY = (f"no fit uncertainty declared (planner.{UNCERTAINTY_KEY}: {{corpus: GENERATION}} for a corpus "
+                  "set, or a calibration file with an uncertainty: section)")
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,10 @@ class Sources:
     """Where the efficiency set comes from."""
     warnings: tuple[str, ...] = ()
     """A calibration file measured on other hardware than the cluster asked about (``plan.hardware``)."""
+    uncertainty: SetUncertainty | None = None
+    """How sure the fit of the efficiency set is (a corpus set's or a calibration file's); None: not stated."""
+    no_uncertainty: str = NO_UNCERTAINTY
+    """Why ``uncertainty`` is None (shown where the prediction falls back to the corpus band)."""
 
     def lines(self) -> list[str]:
         return [f"network: {self.network}", f"compute: {self.compute}", *self.warnings]
@@ -67,6 +83,7 @@ def resolve(planner: Mapping[str, Any], base_dir: Path | None = None) -> tuple[d
     """The planner section with its file keys read in, and where its figures come from."""
     out = copy.deepcopy(dict(planner))
     cluster_path, cal_path = out.pop("cluster_file", None), out.pop("calibration_file", None)
+    fit, no_fit = _declared_uncertainty(out.pop(UNCERTAINTY_KEY, None)), NO_UNCERTAINTY
     network = "prior: the planner section's cluster figures (datasheet values and stated assumptions)"
     measured_eff: set[str] = set()
     warnings: list[str] = []
@@ -101,6 +118,13 @@ def resolve(planner: Mapping[str, Any], base_dir: Path | None = None) -> tuple[d
             raise ValueError(f"planner.calibration_file: {path}: expected an efficiency: section "
                              f"(write one with {steptune()} calibrate)")
         out["efficiency"] = {**data["efficiency"], "basis": "fitted", "basis_note": f"calibration file {path.name}"}
+        u = load_uncertainty(path)
+        if u is not None:
+            point = load_calibration(path)
+            fit = SetUncertainty(f"calibration file {path.name}", {f: float(getattr(point, f)) for f in u.fields}, u)
+        else:
+            fit = None
+        no_fit = f"calibration file {path.name} has no uncertainty: section"
         peak = (out.get("cluster") or {}).get("peak_tflops")
         prov = data.get("provenance")
         if isinstance(prov, Mapping) and (w := mismatch(prov, peak_tflops=float(peak) if peak else None,
@@ -115,4 +139,17 @@ def resolve(planner: Mapping[str, Any], base_dir: Path | None = None) -> tuple[d
         out["efficiency"] = {**(out.get("efficiency") or {}), **{e: 1.0 for e in measured_eff}}
     eff = out.get("efficiency") or {}
     compute = f"efficiency set {eff.get('basis', 'prior')}" + (f" ({eff['basis_note']})" if eff.get("basis_note") else "")
-    return out, Sources(network, compute, tuple(warnings))
+    return out, Sources(network, compute, tuple(warnings), fit, no_fit if fit is None else "")
+
+
+def _declared_uncertainty(spec: Any) -> SetUncertainty | None:
+    """``planner.uncertainty``: ``{corpus: GENERATION}`` or absent."""
+    if spec is None:
+        return None
+    if not isinstance(spec, Mapping) or set(spec) != {"corpus"}:
+        raise ValueError(f"planner.{UNCERTAINTY_KEY}: expected {{corpus: GENERATION}} (the corpus set the inline "
+                         f"efficiency: is, e.g. b200), got {spec!r}")
+    try:
+        return corpus_set(str(spec["corpus"]))
+    except ValueError as e:
+        raise ValueError(f"planner.{UNCERTAINTY_KEY}.{e}") from None

@@ -9,6 +9,7 @@ combine as a product. Validity follows ``PlanConfig``'s rules, vectorised; tests
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -17,9 +18,9 @@ import numpy as np
 from trainer.knobs import BalancedSplit, FirstLastSplit, FsdpDP, OpRecompute, ReplicateDP
 
 from .config import PlanConfig, rank_chunks
-from .knobs import RC_CODE, SCHED_CODE, Consts, Knobs, uneven_configs
+from .knobs import RC_CODE, SCHED_CODE, Consts, Knobs, encode, uneven_configs
 from .memory import stage_memory
-from .parse import KNOBS, knob_values
+from .parse import KNOBS, apply_params, knob_values
 from .timing import step_times
 
 SPLIT = "pipeline.split"
@@ -139,6 +140,46 @@ def enumerate_space(base: PlanConfig, params: Mapping[str, Mapping[str, Any]], f
         out["valid"][flat], out["step"][flat] = valid, step_times(C, knobs)["step_time_s"]
         out["peak"][flat], out["fits"][flat] = mem["peak"], mem["fits"]
     return GridResult(n, out["valid"], out["step"], out["peak"], out["fits"], groups, shape)
+
+
+def best_config(base: PlanConfig, params: Mapping[str, Mapping[str, Any]], float_points: int = 24, top: int = 20,
+                refine: int = 400) -> tuple[float, dict[str, Any]]:
+    """The space's fastest config that fits in memory: (its step time, its params). The grid (``enumerate_space``
+    at ``float_points``) ranks every config; the ``top`` fastest then have each float knob scanned at ``refine``
+    points over its range, one knob at a time, so a continuous knob (a bucket size) is not left at a grid point.
+    (inf, {}) when nothing fits."""
+    grid = enumerate_space(base, params, float_points)
+    times = grid.feasible_times()
+    floats = [n for n, spec in params.items() if spec.get("type") == "float"]
+    best_t, best_p = np.inf, {}
+    for i in np.argsort(times)[:top]:
+        if not np.isfinite(times[i]):
+            break
+        chosen = grid.params(int(i))
+        if times[i] < best_t:
+            best_t, best_p = float(times[i]), chosen
+        for name in floats:
+            if name not in chosen:  # inactive under its when:
+                continue
+            spec = params[name]
+            lo, hi = float(spec["low"]), float(spec["high"])
+            pts = np.geomspace(lo, hi, refine) if spec.get("log") else np.linspace(lo, hi, refine)
+            cands = [{**chosen, name: float(x)} for x in pts]
+            first = apply_params(base, chosen)  # once; the scan replaces the one field (apply_params costs ms)
+            cfgs = [_with(first, name, float(x)) for x in pts]
+            knobs = encode(cfgs)
+            C = Consts.of(cfgs[0])
+            t = np.where(stage_memory(C, knobs)["fits"], step_times(C, knobs)["step_time_s"], np.inf)
+            j = int(np.argmin(t))
+            if t[j] < best_t:
+                best_t, best_p = float(t[j]), cands[j]
+    return best_t, best_p
+
+
+def _with(cfg: Any, name: str, value: Any) -> Any:
+    """``cfg`` with the dotted field ``name`` set (each level's dataclass revalidates itself)."""
+    head, _, rest = name.partition(".")
+    return dataclasses.replace(cfg, **{head: _with(getattr(cfg, head), rest, value) if rest else value})
 
 
 _MODULE_BITS = {"core_attn": 1, "mlp": 2, "norm": 4}

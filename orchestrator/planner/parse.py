@@ -50,9 +50,17 @@ def upgrade_plan_dict(d: Mapping[str, Any]) -> dict[str, Any]:
     return apply_overrides({}, out)
 
 
+UNCERTAINTY_KEY = "uncertainty"
+"""A planner section's statement of how sure its efficiency set is (``uncertainty: {corpus: b200}``; read by
+orchestrator/plan/sources.py). No point prediction depends on it, so the config ignores it."""
+
+
 def plan_config_from_dict(d: Mapping[str, Any], where: str = "planner") -> PlanConfig:
-    """A preset's ``planner:`` mapping -> validated PlanConfig. Missing sections take their defaults."""
-    return build(PlanConfig, dict(d) if isinstance(d, Mapping) else d, where, root=where, suggest=_moved(where))
+    """A preset's ``planner:`` mapping -> validated PlanConfig. Missing sections take their defaults; the
+    ``uncertainty`` key (``UNCERTAINTY_KEY``) is left to the interval's reader."""
+    if isinstance(d, Mapping):
+        d = {k: v for k, v in d.items() if k != UNCERTAINTY_KEY}
+    return build(PlanConfig, d, where, root=where, suggest=_moved(where))
 
 
 def plan_config_to_dict(cfg: PlanConfig) -> dict[str, Any]:

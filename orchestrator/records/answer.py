@@ -23,7 +23,9 @@ How it decides (docs/search.md#one-answer):
   the fewest params changed from the baseline, then the lowest peak memory, then the lowest figure, then the
   lowest trial number.
 - **Target verdict.** ``met`` when the winner's whole interval is at or under the target, ``not met`` when all
-  of it is above, else ``undecided`` with an estimate of the rounds that would decide it.
+  of it is above, else ``undecided`` with an estimate of the rounds that would decide it. A predicted winner's
+  interval is the one its prediction carries (``predicted_interval``: the fit's uncertainty or the corpus
+  band), so a model-backend answer is judged by the same rule; no number of rounds decides a prediction.
 
 Deterministic: the bootstrap uses a fixed seed on sorted values, so the answer does not depend on ledger order.
 """
@@ -184,6 +186,9 @@ class TargetVerdict:
     no number of rounds can (the figure sits on the target) or when decided."""
     paired: bool
     """Judged on the paired figure (relative target, settled winner) rather than absolute times."""
+    level: float | None = None
+    """The coverage a predicted winner's interval states (0.9 for a fit's uncertainty, 0.8 for the corpus band);
+    None: the settle rule's confidence (measured runs)."""
 
 
 @dataclass(frozen=True)
@@ -356,6 +361,24 @@ def interval_state(low: float, high: float, target_s: float) -> str:
     return UNDECIDED
 
 
+def predicted_interval(record: TrialRecord) -> tuple[float, float, float] | None:
+    """(low, high, level) of the step-time interval a prediction carries: its ``interval`` (what the model backend
+    records: orchestrator/plan/interval.py), else its band (ledgers written before intervals, level 0.8); None for
+    a measured line or a prediction with neither."""
+    pred = record.prediction or {}
+    iv = pred.get("interval")
+    if isinstance(iv, Mapping) and all(isinstance(iv.get(k), (int, float)) for k in ("low", "high", "level")):
+        return float(iv["low"]), float(iv["high"]), float(iv["level"])
+    lo, hi = pred.get("step_time_low_s"), pred.get("step_time_high_s")
+    if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
+        return float(lo), float(hi), BAND_LEVEL
+    return None
+
+
+BAND_LEVEL = 0.8
+"""The stated coverage of the corpus band older ledger lines carry (orchestrator/planner/band.py's)."""
+
+
 def _verdict(win: ConfigFigure, target: Any, baseline_s: float | None, rule: SettleRule) -> TargetVerdict:
     target_s = target.seconds(baseline_s)
     if target.kind == "none" or target_s is None:
@@ -365,8 +388,9 @@ def _verdict(win: ConfigFigure, target: Any, baseline_s: float | None, rule: Set
         lo, hi = (x * baseline_s for x in win.interval)
         point, n = win.ratio * baseline_s, len(win.paired)
     elif win.predicted:
-        lo = hi = point = win.step_time_s
-        n = 1
+        point = win.step_time_s
+        lo, hi, level = predicted_interval(win.record) or (point, point, None)
+        return TargetVerdict(interval_state(lo, hi, target_s), target_s, (lo, hi), None, False, level)
     else:
         vals = list(win.runs)
         lo, hi = ci_ratio(vals, rule.confidence, rule.resamples) if len(vals) > 1 else \

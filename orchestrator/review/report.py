@@ -129,7 +129,7 @@ def answer_dict(answer: A.Answer) -> dict[str, Any]:
         "ties": [one(c) for c in answer.ties], "tie": answer.tie, "tie_break": A.TIE_BREAK,
         "threshold": answer.rule.threshold, "confidence": answer.rule.confidence,
         "target": {"state": t.state, "target_s": t.target_s, "interval_s": list(t.interval_s) if t.interval_s else None,
-                   "more_rounds": t.more_rounds, "paired": t.paired},
+                   "more_rounds": t.more_rounds, "paired": t.paired, "level": t.level},
         "noise": dataclasses.asdict(n), "rounds": answer.rounds, "settled": answer.settled,
         "why_unsettled": answer.why_unsettled, "baseline_s": answer.baseline_s,
     }
@@ -292,7 +292,8 @@ def answer_lines(s: dict[str, Any]) -> list[str]:
     if s["target_s"] is not None:
         tgt = secs(s["target_s"], pred)
         iv = t["interval_s"]
-        within = f" ({a['confidence']:.0%} interval {secs(iv[0], pred)}-{secs(iv[1], pred)}" + \
+        level = t.get("level") or a["confidence"]
+        within = f" ({level:.0%} interval {secs(iv[0], pred)}-{secs(iv[1], pred)}" + \
             (", paired with the baseline)" if t["paired"] else ")") if iv and iv[0] != iv[1] else ""
         if t["state"] == A.MET:
             out.append(f"target met: trial {best['trial']}, {_figure(best, interval=False)} <= {tgt}{within}"
@@ -303,7 +304,8 @@ def answer_lines(s: dict[str, Any]) -> list[str]:
                        f"{secs(d, pred)} ({d / s['target_s']:.1%}) above {tgt}{within}")
         else:
             more = f"; about {t['more_rounds']} more round(s) would decide it" if t["more_rounds"] else \
-                "; its figure sits on the target, more rounds cannot decide it"
+                ("; a prediction's interval is the model's uncertainty: measure the config, or calibrate on the "
+                 "cluster to narrow it" if pred else "; its figure sits on the target, more rounds cannot decide it")
             out.append(f"target undecided: trial {best['trial']}, {_figure(best, interval=False)} against "
                        f"{tgt}{within}{more}")
     n = a["noise"]
@@ -343,7 +345,7 @@ def summary_text(s: dict[str, Any]) -> str:
         out.append(f"fastest single run: trial {f['trial']}, {secs(f['step_time_s'])} (not the answer: that "
                    f"config's {f['describe']})")
     out.append(f"target: {s['target']}")
-    out.extend(verdict_lines(s.get("verdict")))  # model backend: band, robust or point only, efficiency basis
+    out.extend(verdict_lines(s.get("verdict")))  # model backend: the interval's basis, the efficiency set
     if s.get("time_to_answer"):
         out.append(time_to_answer_text(s["time_to_answer"]))
     if s.get("numerics"):

@@ -1,5 +1,5 @@
-"""Every planner prediction carries its band and the basis of its efficiency set; a model-backend summary says
-whether the target is met at the band's upper end (robust) or only at the point estimate."""
+"""Every planner prediction carries its band and the basis of its efficiency set; a model-backend summary judges
+the target on the interval a prediction carries (here, older lines' band) by the answer's one rule."""
 
 from __future__ import annotations
 
@@ -102,19 +102,22 @@ def _raw(trial, point, high, basis, kind):
 
 
 @pytest.mark.parametrize("target, want, words", [
-    (9.3, "robust", "met ROBUSTLY"),
-    (8.9, "point only", "POINT ESTIMATE ONLY"),
-    (8.0, "not met", "not met even at the point estimate"),
+    (10.0, "met", "target met: trial 2"),
+    (9.3, "undecided", "target undecided: trial 2"),
+    (7.0, "not met", "target not met: trial 2"),
 ])
-def test_summary_says_robust_or_point_only(target, want, words):
-    # trial 2 is fastest at the point, trial 3 has the lowest upper end: the robust pick differs
+def test_summary_judges_the_point_pick_by_its_interval(target, want, words):
+    """Lines written before intervals carry a band (80%): the answer and the verdict judge the point pick's band
+    by the one rule (met / not met / undecided); the config with the lowest upper end is named beside it."""
+    # trial 2 is fastest at the point ([7.65, 9.8]), trial 3 has the lowest upper end ([7.83, 9.2])
     records = [_line(0, 12.0, 14.0, kind="baseline"), _line(2, 8.5, 9.8), _line(3, 8.7, 9.2)]
     v = verdict(records, target)
-    assert v["verdict"] == want and v["point_trial"] == 2 and v["robust_trial"] == 3
+    assert v["verdict"] == want and v["point_trial"] == 2 and v["robust_trial"] == 3 and v["level"] == 0.8
     s = report.summarize(records, parse_target({"step_time_s": target}))
+    assert s["target_verdict"] == want
     text = report.summary_text(s)
     assert words in text and "efficiency set: blind (note)" in text
-    assert "robust pick (lowest upper end): trial 3" in text
+    assert "lowest upper end: trial 3" in text and "(80% interval" in text
 
 
 def test_calibrated_answer_is_labelled_and_measured_sweeps_get_no_verdict():
@@ -128,3 +131,4 @@ def test_old_ledger_lines_without_a_band_say_so():
     old = _line(1, 8.0, 9.0, prediction={"step_time_s": 8.0}, config={})
     lines = verdict_lines(verdict([old], 9.3))
     assert lines[0] == "efficiency set: unrecorded" and "not recorded" in lines[1]
+    assert verdict([old], 9.3)["verdict"] is None
