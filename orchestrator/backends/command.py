@@ -63,7 +63,8 @@ class CommandTrials:
     def __init__(self, cfg: Any):
         check_measured_sweep(cfg)
         c, res = cfg.command, cfg.resources
-        self.framework: Framework = framework(c.framework)
+        self.framework: Framework = framework(c.framework, declared=c.custom, world_size=res.world_size,
+                                              version=c.framework_version)
         if not c.argv or not all(isinstance(a, str) for a in c.argv):
             raise ValueError('command.argv: required, a list of strings: what torchrun runs, e.g. ["-m", "trainer"] '
                              'or ["pretrain_gpt.py", "--num-layers", "24", ...]')
@@ -86,8 +87,9 @@ class CommandTrials:
     def launch_for(self, config: Any) -> Launch:
         """A trial config as the command every node starts (ValueError: a flag set the framework would refuse)."""
         flags, files = self.framework.render(config, self.keys)
-        env = {**self.framework.env, **{k: str(v) for k, v in self.cfg.command.env.items()}}
-        return Launch(list(self.cfg.command.argv) + flags, env, files, self.framework.result_file)
+        knob_env = self.framework.render_env(config, self.keys) if self.framework.render_env else {}
+        env = {**self.framework.env, **{k: str(v) for k, v in self.cfg.command.env.items()}, **knob_env}
+        return Launch(list(self.cfg.command.argv) + flags, env, files, self.framework.result_file, flags)
 
     def warmup(self, config: Any) -> int:
         w = self.cfg.command.warmup
@@ -117,7 +119,7 @@ class CommandTrials:
         if status in ("ok", "pruned") and parsed is not None:
             if kind == "baseline" or self.reference is None:
                 repeat = getattr(outcome, "repeat", None)
-                tol = blackbox_parity.calibrate(parsed, repeat, self.floor)
+                tol = blackbox_parity.calibrate(parsed, repeat, blackbox_parity.printed(self.floor, parsed))
                 verdict = blackbox_parity.compare(parsed, repeat or parsed, tol)
                 if verdict["passed"] and kind == "baseline":
                     self.reference = (parsed, tol)
@@ -213,8 +215,12 @@ def parse_runs(backend: CommandTrials, cfg: Any, runs: list[NodeRun]) -> ParsedL
 
 
 def _text(backend: CommandTrials, runs: list[NodeRun]) -> str:
-    """The framework's figures: its result file from the first node, or every node's stdout together."""
-    return (runs[0].result or "") if backend.framework.result_file else "\n".join(r.stdout for r in runs)
+    """The framework's figures: its result file from the first node, the first node's stdout (rank 0's), or every
+    node's stdout together."""
+    fw = backend.framework
+    if fw.result_file:
+        return runs[0].result or ""
+    return "\n".join(r.stdout for r in (runs[:1] if fw.first_node else runs))
 
 
 def outcome_of(backend: CommandTrials, cfg: Any, launch: Launch, runs: list[NodeRun], placement: list[dict],
@@ -253,7 +259,8 @@ def outcome_of(backend: CommandTrials, cfg: Any, launch: Launch, runs: list[Node
                                                                          if math.isfinite(s.time_s)))
         out.parsed = parsed
     out.placement = placement
-    out.command = {"argv": runs[0].argv if runs else [], "env": dict(launch.env),
+    out.command = {"framework": backend.framework.name, "flags": list(launch.flags),
+                   "argv": runs[0].argv if runs else [], "env": dict(launch.env),
                    "per_node_argv": [r.argv for r in runs], "per_node_trial_dir": [r.folder for r in runs],
                    "files": sorted(launch.files)}
     return out
