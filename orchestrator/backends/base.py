@@ -126,6 +126,10 @@ class Backend(Protocol):
 
     def judge(self, kind: str, outcome: RunOutcome, gate: Any, runs: Sequence[RunOutcome]) -> Judgement: ...
 
+    def resume(self, baseline: Any) -> None:
+        """A resumed sweep: restore what the backend judges trials by from the baseline's ledger line (a
+        ``TrialRecord`` that ran ok), since the driver that measured it is gone."""
+
     def guided_sampler(self, base: Any, records: Callable[[], Sequence[Any]]) -> Any:
         """``sampler.kind: guided``: the planner-guided sampler over ``base`` (orchestrator.plan.guided), or ``base``
         alone where the planner cannot map this backend's configs, saying why."""

@@ -117,11 +117,15 @@ class CommandTrials:
         status, reason, verdict = outcome.status, outcome.reason, None
         parsed = getattr(outcome, "parsed", None)
         if status in ("ok", "pruned") and parsed is not None:
-            if kind == "baseline" or self.reference is None:
+            if kind != "baseline" and self.reference is None:
+                return Judgement("infeasible", "parity: no loss-curve reference to compare with (the baseline's "
+                                               "ledger line holds no per-iteration losses); rerun the sweep from "
+                                               "scratch", None)
+            if kind == "baseline":
                 repeat = getattr(outcome, "repeat", None)
                 tol = blackbox_parity.calibrate(parsed, repeat, blackbox_parity.printed(self.floor, parsed))
                 verdict = blackbox_parity.compare(parsed, repeat or parsed, tol)
-                if verdict["passed"] and kind == "baseline":
+                if verdict["passed"]:
                     self.reference = (parsed, tol)
             else:
                 verdict = blackbox_parity.compare(self.reference[0], parsed, self.reference[1])
@@ -133,6 +137,16 @@ class CommandTrials:
             status, reason = within_budget(status, reason, outcome.result.summary.peak_memory_bytes,
                                            self.cfg.resources.memory_budget_gb)
         return Judgement(status, reason, verdict)
+
+    def resume(self, baseline: Any) -> None:
+        """The loss-curve reference from the baseline's ledger line: its per-iteration losses and grad norms (a
+        reference line keeps them, orchestrator.records.detail.REFERENCE_KINDS) and the tolerance its verdict set."""
+        verdict = baseline.parity
+        tol = (verdict.extra or {}).get("curve_tolerance") if verdict is not None else None
+        if baseline.result is None or not baseline.result.steps or not tol:
+            log.warning("resume: the baseline's ledger line holds no loss curve to judge trials by")
+            return
+        self.reference = (reference_log(self.framework.name, baseline.result), blackbox_parity.CurveTolerance(**tol))
 
     def guided_sampler(self, base: Any, records: Callable[[], Sequence[Any]]) -> Any:
         log.info("sampler.kind guided: the planner does not model a black-box command's configs; using %s alone",
@@ -260,10 +274,24 @@ def outcome_of(backend: CommandTrials, cfg: Any, launch: Launch, runs: list[Node
         out.parsed = parsed
     out.placement = placement
     out.command = {"framework": backend.framework.name, "flags": list(launch.flags),
+                   "cwd": backend.cfg.command.cwd or str(REPO_ROOT),
                    "argv": runs[0].argv if runs else [], "env": dict(launch.env),
                    "per_node_argv": [r.argv for r in runs], "per_node_trial_dir": [r.folder for r in runs],
                    "files": sorted(launch.files)}
     return out
+
+
+def reference_log(name: str, result: Any) -> ParsedLog:
+    """A measured Result's per-step loss and grad norm as the iterations black-box parity compares (steps are
+    0-based in a Result, iterations 1-based; a figure the log did not carry is NaN there and None here)."""
+    from orchestrator.frameworks.log import Iteration, judge
+
+    def figure(v: float) -> float | None:
+        return v if v is not None and math.isfinite(v) else None
+
+    its = [Iteration(step=s.step + 1, first_step=s.step + 1, loss=figure(s.loss), grad_norm=figure(s.grad_norm))
+           for s in result.steps]
+    return judge(name, its, 0, None)
 
 
 def _keep_logs(runs: list[NodeRun], folder: Path) -> None:

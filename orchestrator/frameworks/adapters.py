@@ -131,6 +131,9 @@ def what_ran(command: dict[str, Any], figures: dict[str, Any] | None) -> dict[st
                                                                        if files else "") + ".",
              'DIR="$(cd "$(dirname "$0")" && pwd)"', ""]
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(env.items())] + [""]
+    if command.get("cwd"):
+        lines += ["# the command's working directory (command.cwd) on every node", f"cd {shlex.quote(command['cwd'])}",
+                  ""]
     argvs = command.get("per_node_argv") or [command.get("argv") or []]
     dirs = command.get("per_node_trial_dir") or [None] * len(argvs)
     for i, (argv, folder) in enumerate(zip(argvs, dirs)):
