@@ -395,6 +395,14 @@ def ranking_for(land: Landscape, cluster_file: str | Path | None = None, calibra
     from orchestrator.plan.calibration import DEFAULT_CLUSTER, load_calibration
     from orchestrator.plan.prefilter import load_cluster
 
+    if land.cfg.backend == "command":  # a black box: the model its sweep file declares (planner:), its cluster file
+        from orchestrator.plan import command_planner
+
+        planner = backends.build(land.cfg).planner
+        if planner is None:
+            raise SystemExit(f"{land.doc['source']}: a command landscape needs a planner: section to guide")
+        return command_planner.ranking_for(planner, land.cfg, land.configs,
+                                           n_float=len(next(iter(land.floats.values()), [0, 0, 0])))
     cluster, eff = load_cluster(cluster_file or ROOT / DEFAULT_CLUSTER)
     if calibration is not None:
         eff = load_calibration(calibration)

@@ -61,7 +61,7 @@ class CommandTrials:
     prefilter = None
 
     def __init__(self, cfg: Any):
-        check_measured_sweep(cfg)
+        check_measured_sweep(cfg, planner=True)
         c, res = cfg.command, cfg.resources
         self.framework: Framework = framework(c.framework, declared=c.custom, world_size=res.world_size,
                                               version=c.framework_version)
@@ -83,6 +83,22 @@ class CommandTrials:
             c.parity_loss_rel, c.parity_grad_norm_rel, self.framework.resolution.get("loss", 0.0),
             self.framework.resolution.get("grad_norm", 0.0))
         self.reference: tuple[ParsedLog, blackbox_parity.CurveTolerance] | None = None
+        self.planner, self.ranking = self._planner(cfg)
+
+    def _planner(self, cfg: Any) -> tuple[Any, Any]:
+        """The declared model (``planner:``) and, for ``sampler.kind: guided``, its ranking of the space, built now so
+        a sweep the planner cannot guide is refused before anything runs."""
+        from orchestrator.plan import command_planner
+
+        base_dir = Path(cfg.source).parent if cfg.source else None
+        planner = command_planner.load(cfg.planner, self.configs.baseline, base_dir) if cfg.planner else None
+        if cfg.sampler.kind != "guided":
+            return planner, None
+        if planner is None:
+            raise ValueError("sampler.kind=guided: the command backend needs a planner: section, the model your "
+                             "command trains and its cluster (model:, job: {seq_len}, cluster_file:), so the planner "
+                             "can rank the space and learn from the trials; or use sampler.kind=tpe")
+        return planner, command_planner.ranking_for(planner, cfg, self.configs)
 
     def launch_for(self, config: Any) -> Launch:
         """A trial config as the command every node starts (ValueError: a flag set the framework would refuse)."""
@@ -149,9 +165,10 @@ class CommandTrials:
         self.reference = (reference_log(self.framework.name, baseline.result), blackbox_parity.CurveTolerance(**tol))
 
     def guided_sampler(self, base: Any, records: Callable[[], Sequence[Any]]) -> Any:
-        log.info("sampler.kind guided: the planner does not model a black-box command's configs; using %s alone",
-                 type(base).__name__)
-        return base
+        """The guided sampler on the planner section's model, refitted on this sweep's measured step times."""
+        from orchestrator.plan import command_planner
+
+        return command_planner.sampler_for(self.ranking, self.cfg, base, records)
 
     def ledger_fields(self, kind: str, config: Any, outcome: RunOutcome, status: str,
                       runs: Sequence[RunOutcome]) -> dict[str, Any]:
