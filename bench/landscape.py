@@ -346,13 +346,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--refine-top", type=int, default=0,
                     help="re-measure the N fastest configs (and the baseline) in --refine-rounds interleaved rounds")
     ap.add_argument("--refine-rounds", type=int, default=20)
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="sweep-file settings for the measurement only (e.g. resources.trial_timeout_s=300 on a busy "
+                         "machine); the space and the configs are the file's")
     args = ap.parse_args(argv)
     if args.refine_top < 0 or (args.refine_top and args.refine_rounds < 3):
         raise SystemExit("--refine-top: a number >= 1, with --refine-rounds >= 3 (a median of paired ratios)")
     if args.repeats < 1:
         raise SystemExit("--repeats: need at least 1")
     buckets = [float(b) for b in args.buckets.split(",")]
-    cfg = load_sweep(args.config, [f"ray.temp_dir=/tmp/steptune-ray-landscape-{os.getpid()}"], check=False)
+    cfg = load_sweep(args.config, [f"ray.temp_dir=/tmp/steptune-ray-landscape-{os.getpid()}", *args.set], check=False)
     backend = backends.build(cfg)
     configs = backend.configs
     params_list = landscape_configs(cfg, configs, buckets)
