@@ -251,7 +251,7 @@ def _parse_log_args(p: argparse.ArgumentParser) -> None:
     from orchestrator.frameworks.adapters import NAMES
 
     p.add_argument("--framework", required=True, choices=list(NAMES), help="whose log FILE is (custom: the script "
-                   "declared under command.custom in the --config sweep file)")
+                   "declared under command.custom of the sweep file named by --config)")
     p.add_argument("file", metavar="FILE", help="the log (megatron, torchtitan, custom) or result JSON (steptune); - "
                    "for stdin")
     p.add_argument("--config", metavar="SWEEP", help="a sweep file: its command section (custom's declaration, "
