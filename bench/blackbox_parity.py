@@ -214,7 +214,9 @@ def tables(runs: list[dict], targets: list[str], wall_s: float) -> str:
         lines.append("")
     if "trainer" in targets:
         lines += study([r for r in runs if r["target"] == "trainer"])
-    lines += [f"Wall time of this invocation: {wall_s:.0f} s.", ""]
+    lines += [f"{len(runs)} runs, {sum(r['wall_s'] for r in runs) / 60:.0f} minutes of runs in all (each a torchrun start "
+              f"and its training, on this session's shared 2-core host; {wall_s:.0f} s in this invocation, which "
+              f"measures only what the runs file lacks).", ""]
     return "\n".join(lines)
 
 
@@ -265,6 +267,11 @@ def study(runs: list[dict]) -> list[str]:
                 _, step, _ = ratio(b, v, tol)
                 cells.append(str(step) if step else "-")
             out.append(f"| {label_row} | " + " | ".join(cells) + " |")
+        clean = [r for r in runs if r["kind"] == "trial" and r["bug"] is None]
+        alarms = [sum(ratio(*reread(base, r, d, floor))[1] is not None for r in clean) for d in DIGITS]
+        worst = [max((ratio(*reread(base, r, d, floor))[0] for r in clean), default=0.0) for d in DIGITS]
+        out.append(f"| false alarms (of {len(clean)} clean layouts) | " + " | ".join(map(str, alarms)) + " |")
+        out.append("| worst clean margin | " + " | ".join(f"{w:.2f}" for w in worst) + " |")
         out.append("")
         out += ["Thinnest grad_perturb caught (relative size of the added gradient direction) within `S` iterations:",
                 "", "| S | " + " | ".join(f"{d} decimals" if d is not None else "full" for d in DIGITS) + " |",
