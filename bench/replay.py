@@ -478,7 +478,15 @@ def _command(a: Any) -> str:
                                                                          else "") + f" --strategies {a.strategies}"
             + (f" --set {' '.join(a.set)}" if getattr(a, "set", None) else "")
             + (f" --profile-cluster {a.profile_cluster} --profile-calibration {a.profile_calibration}"
-               if "guided_profile" in a.strategies.split(",") else ""))
+               if "guided_profile" in a.strategies.split(",") else "")
+            + "".join(f" --{k} {_rel(getattr(a, k))}" for k in ("landscape", "out")
+                      if getattr(a, k, None) and not getattr(a, k).endswith(("landscape_default.json",
+                                                                             "replay_default.md"))))
+
+
+def _rel(path: str) -> str:
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else path
 
 
 def table(results: dict[str, list[SeedResult]], per_args: dict[str, Any], land: Landscape, ranking: Any,

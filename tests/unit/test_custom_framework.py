@@ -189,3 +189,9 @@ def test_parse_log_cli_reads_a_declared_framework(tmp_path, capsys):
     log.write_text("\n".join(line(s) for s in range(1, 5)))
     assert main(["parse-log", "--framework", "custom", "--config", str(EXAMPLE), str(log)]) == 1
     assert "truncated" in capsys.readouterr().out
+
+
+def test_a_file_source_is_read_from_the_trial_folder_not_stdout():
+    fw = framework("custom", declared=_decl(log__source={"kind": "file", "path": "train.log"}))
+    assert fw.result_file == "train.log" and not fw.first_node
+    assert fw.parse(LOG, 2, None).status == "ok"  # the file holds the same lines the script prints
