@@ -6,7 +6,9 @@
 
 Each run goes through the sweep's own path: the ray backend's ``TrainerConfigs`` builds the trainer config from the
 space's params, its ``RayRunner`` runs it on the warm Ray worker group (one actor per rank, gloo),
-``parity.compare`` judges it against the baseline's first run. Rounds are round-robin over the configs, in
+``parity.compare`` judges it against the baseline's first run. A command-backend sweep file (``backend: command``)
+runs each config as its command through torchrun on the node actors instead, judged by its loss curve against the
+baseline's (the backend's own judge). Rounds are round-robin over the configs, in
 a new shuffled order each round, so slow drift of a shared machine spreads over all configs instead of
 following one. Every run is appended (fsynced) to ``<out>.samples.jsonl`` as it lands; a rerun resumes
 there and measures only what is missing. The JSON (configs, samples, medians, memory, parity, machine,
@@ -100,7 +102,7 @@ class Measurer:
     """Runs trainer configs on the sweep's Ray runner; judges parity against the baseline's first run."""
 
     def __init__(self, cfg: SweepConfig, backend: RayTrials):
-        self.configs, self.cfg = backend.configs, cfg
+        self.configs, self.cfg, self.backend = backend.configs, cfg, backend
         backend.join()
         self.runner = backend.runner()
         self.reference: dict | None = None
@@ -120,9 +122,15 @@ class Measurer:
             sample.update(step_time_s=s.step_time_s, step_time_min_s=s.step_time_min_s,
                           peak_memory_bytes=s.peak_memory_bytes,
                           phases={k: v["max"] for k, v in out.result.phases.items()})
-            if self.reference is None:
-                self.reference = parity.reference_from_result(out.result)
-            verdict = parity.compare(self.reference, out.result)
+            if self.backend.name == "command":  # a black box: its loss curve against the baseline's (its own judge)
+                verdict = self.backend.judge("baseline" if self.backend.reference is None else "trial", out, None,
+                                             [out]).parity or {"passed": False}
+                verdict = {k: verdict.get(k) for k in ("passed", "first_fail_metric", "first_fail_step",
+                                                       "max_loss_rel_diff")}
+            else:
+                if self.reference is None:
+                    self.reference = parity.reference_from_result(out.result)
+                verdict = parity.compare(self.reference, out.result)
             sample["parity"] = {"passed": verdict["passed"], "first_fail_metric": verdict["first_fail_metric"],
                                 "first_fail_step": verdict["first_fail_step"],
                                 "max_loss_rel_diff": verdict["max_loss_rel_diff"]}
@@ -338,13 +346,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--refine-top", type=int, default=0,
                     help="re-measure the N fastest configs (and the baseline) in --refine-rounds interleaved rounds")
     ap.add_argument("--refine-rounds", type=int, default=20)
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="sweep-file settings for the measurement only (e.g. resources.trial_timeout_s=300 on a busy "
+                         "machine); the space and the configs are the file's")
     args = ap.parse_args(argv)
     if args.refine_top < 0 or (args.refine_top and args.refine_rounds < 3):
         raise SystemExit("--refine-top: a number >= 1, with --refine-rounds >= 3 (a median of paired ratios)")
     if args.repeats < 1:
         raise SystemExit("--repeats: need at least 1")
     buckets = [float(b) for b in args.buckets.split(",")]
-    cfg = load_sweep(args.config, [f"ray.temp_dir=/tmp/steptune-ray-landscape-{os.getpid()}"], check=False)
+    cfg = load_sweep(args.config, [f"ray.temp_dir=/tmp/steptune-ray-landscape-{os.getpid()}", *args.set], check=False)
     backend = backends.build(cfg)
     configs = backend.configs
     params_list = landscape_configs(cfg, configs, buckets)

@@ -395,6 +395,14 @@ def ranking_for(land: Landscape, cluster_file: str | Path | None = None, calibra
     from orchestrator.plan.calibration import DEFAULT_CLUSTER, load_calibration
     from orchestrator.plan.prefilter import load_cluster
 
+    if land.cfg.backend == "command":  # a black box: the model its sweep file declares (planner:), its cluster file
+        from orchestrator.plan import command_planner
+
+        planner = backends.build(land.cfg).planner
+        if planner is None:
+            raise SystemExit(f"{land.doc['source']}: a command landscape needs a planner: section to guide")
+        return command_planner.ranking_for(planner, land.cfg, land.configs,
+                                           n_float=len(next(iter(land.floats.values()), [0, 0, 0])))
     cluster, eff = load_cluster(cluster_file or ROOT / DEFAULT_CLUSTER)
     if calibration is not None:
         eff = load_calibration(calibration)
@@ -470,7 +478,15 @@ def _command(a: Any) -> str:
                                                                          else "") + f" --strategies {a.strategies}"
             + (f" --set {' '.join(a.set)}" if getattr(a, "set", None) else "")
             + (f" --profile-cluster {a.profile_cluster} --profile-calibration {a.profile_calibration}"
-               if "guided_profile" in a.strategies.split(",") else ""))
+               if "guided_profile" in a.strategies.split(",") else "")
+            + "".join(f" --{k} {_rel(getattr(a, k))}" for k in ("landscape", "out")
+                      if getattr(a, k, None) and not getattr(a, k).endswith(("landscape_default.json",
+                                                                             "replay_default.md"))))
+
+
+def _rel(path: str) -> str:
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else path
 
 
 def table(results: dict[str, list[SeedResult]], per_args: dict[str, Any], land: Landscape, ranking: Any,

@@ -7,7 +7,7 @@
     steptune export [--sweep NAME] [--trial N] [--out DIR] [--force]
     steptune calibrate [--sweep NAME] [--cluster FILE]
     steptune profile --config FILE [--ranks N] [--layers L] [--shrink F] [--ray-address ADDR]
-    steptune parse-log --framework megatron|torchtitan|steptune FILE [--json]
+    steptune parse-log --framework megatron|torchtitan|steptune|custom FILE [--config SWEEP] [--json]
 
 Exit status: 0 done; 1 the sweep started and stopped (its baseline failed, Ray failed, another driver holds
 it); 2 bad input, refused before anything was launched or written; 130 interrupted. docs/cli.md has the rest.
@@ -248,12 +248,16 @@ def _ray_slices(address: str | None, timeout_s: float):
 
 
 def _parse_log_args(p: argparse.ArgumentParser) -> None:
-    from orchestrator.frameworks.adapters import FRAMEWORKS
+    from orchestrator.frameworks.adapters import NAMES
 
-    p.add_argument("--framework", required=True, choices=list(FRAMEWORKS), help="whose log FILE is")
-    p.add_argument("file", metavar="FILE", help="the log (megatron, torchtitan) or result JSON (steptune); - for stdin")
-    p.add_argument("--warmup", type=int, metavar="N", help="iterations excluded as warm-up (default: 1; steptune: "
-                   "its config's run.warmup_steps)")
+    p.add_argument("--framework", required=True, choices=list(NAMES), help="whose log FILE is (custom: the script "
+                   "declared under command.custom of the sweep file named by --config)")
+    p.add_argument("file", metavar="FILE", help="the log (megatron, torchtitan, custom) or result JSON (steptune); - "
+                   "for stdin")
+    p.add_argument("--config", metavar="SWEEP", help="a sweep file: its command section (custom's declaration, "
+                   "command.warmup, command.framework_version, resources.world_size) is what the log is read with")
+    p.add_argument("--warmup", type=int, metavar="N", help="iterations excluded as warm-up (default: the sweep "
+                   "file's command.warmup, else 1; steptune: its config's run.warmup_steps)")
     p.add_argument("--expected", type=int, metavar="N", help="iterations the run was asked for (default: what the "
                    "log says, where it says it); a log that stops earlier is truncated")
     p.add_argument("--json", action="store_true", help="everything read, per iteration too, as JSON")
@@ -264,8 +268,22 @@ def _parse_log(args: argparse.Namespace) -> int:
 
     from orchestrator.frameworks.adapters import framework
 
+    declared, world, warmup, version = None, 1, args.warmup, None
+    if args.config:
+        from orchestrator.sweep.config import load_sweep
+
+        cfg = load_sweep(args.config, check=False)  # only its command section is read: nothing is launched
+        c = cfg.command
+        if c.framework != args.framework:
+            raise ValueError(f"--framework {args.framework}: {args.config} says command.framework={c.framework}")
+        declared, world, version = c.custom, cfg.resources.world_size, c.framework_version
+        warmup = warmup if warmup is not None else c.warmup
+    elif args.framework == "custom":
+        raise ValueError("--framework custom: give --config SWEEP, the sweep file that declares the script "
+                         "(command.custom)")
+    fw = framework(args.framework, "--framework", declared=declared, world_size=world, version=version)
     text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(errors="replace")
-    parsed = framework(args.framework, "--framework").parse(text, args.warmup, args.expected)
+    parsed = fw.parse(text, warmup, args.expected)
     if args.json:
         print(json.dumps(parsed.to_dict(), indent=1))
     else:

@@ -45,12 +45,20 @@ class Root:
     """Root fields that are not keys of the file (set by the loader)."""
     opaque: tuple[str, ...] = ()
     """Fields with their own hand-written section: listed, not descended into."""
+    elsewhere: tuple[tuple[str, str], ...] = ()
+    """(dotted section, the docs page that holds its tables): a section documented by a root of its own there."""
 
 
 def _sweep_root() -> type:
     from orchestrator.sweep.config import SweepConfig
 
     return SweepConfig
+
+
+def _custom_root() -> type:
+    from orchestrator.frameworks.custom import CustomFramework
+
+    return CustomFramework
 
 
 def _trainer_root() -> type:
@@ -60,7 +68,9 @@ def _trainer_root() -> type:
 
 
 ROOTS = (
-    Root("SweepConfig", "docs/sweep.md", _sweep_root, skip=("source", "raw", "built"), opaque=("space", "target")),
+    Root("SweepConfig", "docs/sweep.md", _sweep_root, skip=("source", "raw", "built"), opaque=("space", "target"),
+         elsewhere=(("command.custom", "docs/frameworks.md#your-own-trainer"),)),
+    Root("CustomFramework", "docs/frameworks.md", _custom_root, prefix="command.custom."),
     Root("TrainConfig", "docs/trainer.md", _trainer_root),
 )
 
@@ -185,7 +195,7 @@ def _cell(text: str) -> str:
 
 
 def _table(cls: type, path: str, missing: list[str], skip: tuple[str, ...] = (),
-           opaque: tuple[str, ...] = ()) -> tuple[list[str], list]:
+           opaque: tuple[str, ...] = (), elsewhere: tuple[tuple[str, str], ...] = ()) -> tuple[list[str], list]:
     """Rows of one class's table, and the (path, type) of the sections and unions to document after it.
 
     Fields with no meaning at all (no docstring; a section: no class docstring either) go to ``missing``.
@@ -201,6 +211,8 @@ def _table(cls: type, path: str, missing: list[str], skip: tuple[str, ...] = (),
         meaning, default, more = docs.get(f.name, ""), default_text(f), ""
         if f.name in opaque:
             default, more = "-", "Format: its own section of this page."
+        elif dotted in dict(elsewhere):
+            more = f"Fields: [{dict(elsewhere)[dotted]}]({dict(elsewhere)[dotted].removeprefix('docs/')})."
         elif _section(tp) is not None:
             meaning = meaning or class_doc(_section(tp))  # type: ignore[arg-type]
             more = f"Fields: `{dotted}.*` below."
@@ -218,7 +230,7 @@ def _table(cls: type, path: str, missing: list[str], skip: tuple[str, ...] = (),
 def _render(root: Root) -> tuple[str, list[str]]:
     cls = root.load()
     missing: list[str] = []
-    rows, todo = _table(cls, root.prefix, missing, root.skip, root.opaque)
+    rows, todo = _table(cls, root.prefix, missing, root.skip, root.opaque, root.elsewhere)
     out = [f"Fields of `{cls.__name__}` (the top level):", "", *rows]
     while todo:
         dotted, tp = todo.pop(0)
@@ -229,7 +241,7 @@ def _render(root: Root) -> tuple[str, list[str]]:
             out += ["", f"#### {title} ({opt.__name__})", ""]
             if class_doc(opt):
                 out += [class_doc(opt), ""]
-            sub_rows, sub = _table(opt, dotted + ".", missing)
+            sub_rows, sub = _table(opt, dotted + ".", missing, elsewhere=root.elsewhere)
             out += sub_rows if len(sub_rows) > 2 else ["No other fields."]
             todo[:0] = sub  # depth first: pipeline.split's options right after pipeline's table
     return "\n".join(out), missing

@@ -126,6 +126,10 @@ class Backend(Protocol):
 
     def judge(self, kind: str, outcome: RunOutcome, gate: Any, runs: Sequence[RunOutcome]) -> Judgement: ...
 
+    def resume(self, baseline: Any) -> None:
+        """A resumed sweep: restore what the backend judges trials by from the baseline's ledger line (a
+        ``TrialRecord`` that ran ok), since the driver that measured it is gone."""
+
     def guided_sampler(self, base: Any, records: Callable[[], Sequence[Any]]) -> Any:
         """``sampler.kind: guided``: the planner-guided sampler over ``base`` (orchestrator.plan.guided), or ``base``
         alone where the planner cannot map this backend's configs, saying why."""
@@ -172,10 +176,12 @@ def within_budget(status: str, reason: str | None, peak_bytes: float | None,
     return status, reason
 
 
-def check_measured_sweep(cfg: Any) -> None:
-    """What every backend that measures real trials refuses at load (one definition for ray and command)."""
-    if cfg.planner:
-        raise ValueError("planner: only used with backend: model")
+def check_measured_sweep(cfg: Any, planner: bool = False) -> None:
+    """What every backend that measures real trials refuses at load (one definition for ray and command);
+    ``planner``: the backend reads a ``planner:`` section (the command backend: the model its command trains)."""
+    if cfg.planner and not planner:
+        raise ValueError("planner: only used with backend: model (the planner's config) or backend: command (the "
+                         "model the command trains, for sampler.kind: guided)")
     if "parallel.dp" in cfg.space.override_keys:
         raise ValueError("space.params.parallel.dp: dp is derived per trial as resources.world_size / "
                          "(tensor_parallel.size x parallel.pp)")

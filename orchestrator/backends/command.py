@@ -61,9 +61,10 @@ class CommandTrials:
     prefilter = None
 
     def __init__(self, cfg: Any):
-        check_measured_sweep(cfg)
+        check_measured_sweep(cfg, planner=True)
         c, res = cfg.command, cfg.resources
-        self.framework: Framework = framework(c.framework)
+        self.framework: Framework = framework(c.framework, declared=c.custom, world_size=res.world_size,
+                                              version=c.framework_version)
         if not c.argv or not all(isinstance(a, str) for a in c.argv):
             raise ValueError('command.argv: required, a list of strings: what torchrun runs, e.g. ["-m", "trainer"] '
                              'or ["pretrain_gpt.py", "--num-layers", "24", ...]')
@@ -82,12 +83,29 @@ class CommandTrials:
             c.parity_loss_rel, c.parity_grad_norm_rel, self.framework.resolution.get("loss", 0.0),
             self.framework.resolution.get("grad_norm", 0.0))
         self.reference: tuple[ParsedLog, blackbox_parity.CurveTolerance] | None = None
+        self.planner, self.ranking = self._planner(cfg)
+
+    def _planner(self, cfg: Any) -> tuple[Any, Any]:
+        """The declared model (``planner:``) and, for ``sampler.kind: guided``, its ranking of the space, built now so
+        a sweep the planner cannot guide is refused before anything runs."""
+        from orchestrator.plan import command_planner
+
+        base_dir = Path(cfg.source).parent if cfg.source else None
+        planner = command_planner.load(cfg.planner, self.configs.baseline, base_dir) if cfg.planner else None
+        if cfg.sampler.kind != "guided":
+            return planner, None
+        if planner is None:
+            raise ValueError("sampler.kind=guided: the command backend needs a planner: section, the model your "
+                             "command trains and its cluster (model:, job: {seq_len}, cluster_file:), so the planner "
+                             "can rank the space and learn from the trials; or use sampler.kind=tpe")
+        return planner, command_planner.ranking_for(planner, cfg, self.configs)
 
     def launch_for(self, config: Any) -> Launch:
         """A trial config as the command every node starts (ValueError: a flag set the framework would refuse)."""
         flags, files = self.framework.render(config, self.keys)
-        env = {**self.framework.env, **{k: str(v) for k, v in self.cfg.command.env.items()}}
-        return Launch(list(self.cfg.command.argv) + flags, env, files, self.framework.result_file)
+        knob_env = self.framework.render_env(config, self.keys) if self.framework.render_env else {}
+        env = {**self.framework.env, **{k: str(v) for k, v in self.cfg.command.env.items()}, **knob_env}
+        return Launch(list(self.cfg.command.argv) + flags, env, files, self.framework.result_file, flags)
 
     def warmup(self, config: Any) -> int:
         w = self.cfg.command.warmup
@@ -115,11 +133,15 @@ class CommandTrials:
         status, reason, verdict = outcome.status, outcome.reason, None
         parsed = getattr(outcome, "parsed", None)
         if status in ("ok", "pruned") and parsed is not None:
-            if kind == "baseline" or self.reference is None:
+            if kind != "baseline" and self.reference is None:
+                return Judgement("infeasible", "parity: no loss-curve reference to compare with (the baseline's "
+                                               "ledger line holds no per-iteration losses); rerun the sweep from "
+                                               "scratch", None)
+            if kind == "baseline":
                 repeat = getattr(outcome, "repeat", None)
-                tol = blackbox_parity.calibrate(parsed, repeat, self.floor)
+                tol = blackbox_parity.calibrate(parsed, repeat, blackbox_parity.printed(self.floor, parsed))
                 verdict = blackbox_parity.compare(parsed, repeat or parsed, tol)
-                if verdict["passed"] and kind == "baseline":
+                if verdict["passed"]:
                     self.reference = (parsed, tol)
             else:
                 verdict = blackbox_parity.compare(self.reference[0], parsed, self.reference[1])
@@ -132,10 +154,21 @@ class CommandTrials:
                                            self.cfg.resources.memory_budget_gb)
         return Judgement(status, reason, verdict)
 
+    def resume(self, baseline: Any) -> None:
+        """The loss-curve reference from the baseline's ledger line: its per-iteration losses and grad norms (a
+        reference line keeps them, orchestrator.records.detail.REFERENCE_KINDS) and the tolerance its verdict set."""
+        verdict = baseline.parity
+        tol = (verdict.extra or {}).get("curve_tolerance") if verdict is not None else None
+        if baseline.result is None or not baseline.result.steps or not tol:
+            log.warning("resume: the baseline's ledger line holds no loss curve to judge trials by")
+            return
+        self.reference = (reference_log(self.framework.name, baseline.result), blackbox_parity.CurveTolerance(**tol))
+
     def guided_sampler(self, base: Any, records: Callable[[], Sequence[Any]]) -> Any:
-        log.info("sampler.kind guided: the planner does not model a black-box command's configs; using %s alone",
-                 type(base).__name__)
-        return base
+        """The guided sampler on the planner section's model, refitted on this sweep's measured step times."""
+        from orchestrator.plan import command_planner
+
+        return command_planner.sampler_for(self.ranking, self.cfg, base, records)
 
     def ledger_fields(self, kind: str, config: Any, outcome: RunOutcome, status: str,
                       runs: Sequence[RunOutcome]) -> dict[str, Any]:
@@ -213,8 +246,12 @@ def parse_runs(backend: CommandTrials, cfg: Any, runs: list[NodeRun]) -> ParsedL
 
 
 def _text(backend: CommandTrials, runs: list[NodeRun]) -> str:
-    """The framework's figures: its result file from the first node, or every node's stdout together."""
-    return (runs[0].result or "") if backend.framework.result_file else "\n".join(r.stdout for r in runs)
+    """The framework's figures: its result file from the first node, the first node's stdout (rank 0's), or every
+    node's stdout together."""
+    fw = backend.framework
+    if fw.result_file:
+        return runs[0].result or ""
+    return "\n".join(r.stdout for r in (runs[:1] if fw.first_node else runs))
 
 
 def outcome_of(backend: CommandTrials, cfg: Any, launch: Launch, runs: list[NodeRun], placement: list[dict],
@@ -253,10 +290,25 @@ def outcome_of(backend: CommandTrials, cfg: Any, launch: Launch, runs: list[Node
                                                                          if math.isfinite(s.time_s)))
         out.parsed = parsed
     out.placement = placement
-    out.command = {"argv": runs[0].argv if runs else [], "env": dict(launch.env),
+    out.command = {"framework": backend.framework.name, "flags": list(launch.flags),
+                   "cwd": backend.cfg.command.cwd or str(REPO_ROOT),
+                   "argv": runs[0].argv if runs else [], "env": dict(launch.env),
                    "per_node_argv": [r.argv for r in runs], "per_node_trial_dir": [r.folder for r in runs],
                    "files": sorted(launch.files)}
     return out
+
+
+def reference_log(name: str, result: Any) -> ParsedLog:
+    """A measured Result's per-step loss and grad norm as the iterations black-box parity compares (steps are
+    0-based in a Result, iterations 1-based; a figure the log did not carry is NaN there and None here)."""
+    from orchestrator.frameworks.log import Iteration, judge
+
+    def figure(v: float) -> float | None:
+        return v if v is not None and math.isfinite(v) else None
+
+    its = [Iteration(step=s.step + 1, first_step=s.step + 1, loss=figure(s.loss), grad_norm=figure(s.grad_norm))
+           for s in result.steps]
+    return judge(name, its, 0, None)
 
 
 def _keep_logs(runs: list[NodeRun], folder: Path) -> None:

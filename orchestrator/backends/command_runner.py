@@ -132,6 +132,8 @@ class Launch:
     env: dict[str, str]
     files: dict[str, str]
     result_file: str | None
+    flags: list[str] = field(default_factory=list)
+    """The trial's rendered flags alone (the tail of argv), for the record and export."""
 
 
 class NodeGroup:

@@ -120,6 +120,9 @@ class PlannerPredictions:
         peak = (outcome.prediction or {}).get("peak_memory_bytes")
         return Judgement(*within_budget(outcome.status, outcome.reason, peak, self.cfg.resources.memory_budget_gb))
 
+    def resume(self, baseline: Any) -> None:
+        pass  # predictions keep nothing between trials
+
     def guided_sampler(self, base: Any, records: Callable[[], Sequence[Any]]) -> Any:
         log.info("note: sampler.kind=guided: the model backend is the planner itself; using TPE")
         return base

@@ -159,6 +159,9 @@ class RayTrials:
             status, reason = within_budget(status, reason, peak, self.cfg.resources.memory_budget_gb)
         return Judgement(status, reason, verdict)
 
+    def resume(self, baseline: Any) -> None:
+        pass  # the parity reference is the loop's trust chain (ParityGate.resume)
+
     def guided_sampler(self, base: Any, records: Callable[[], Sequence[Any]]) -> Any:
         from orchestrator.plan import guided
 

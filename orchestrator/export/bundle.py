@@ -168,6 +168,10 @@ def export_trial(ledger_path: Path, trial: int | None, out_dir: Path, force: boo
                f"- Megatron-LM: `torchrun --nproc-per-node {cfg.world_size} pretrain_gpt.py $(cat megatron_args.txt)` "
                f"(world size = pp {cfg.parallel.pp} x dp {cfg.parallel.dp}; Megatron derives the data-parallel "
                f"size from it), plus your data and tokenizer flags"]
+    command = record.extra.get("command") if isinstance(record.extra.get("command"), dict) else None
+    if command is not None:  # a command-backend trial: first of all, the command exactly as it ran
+        run = [f"- the command as it ran ({command.get('framework') or 'command'}): `sh command.sh` (its environment, "
+               f"working directory and per-node torchrun lines)"] + run
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     baseline = Q.baseline_of(records)
@@ -183,10 +187,10 @@ def export_trial(ledger_path: Path, trial: int | None, out_dir: Path, force: boo
     summary.write_text(summary_markdown(record, baseline, config, run, notes, forced, ledger_path, run_id, place,
                                         answer))
     written = [config_file, args_file, summary]
-    if isinstance(record.extra.get("command"), dict):  # a command-backend trial: what actually ran
+    if command is not None:  # a command-backend trial: what actually ran
         from orchestrator.frameworks.adapters import what_ran
 
-        for fname, body in what_ran(record.extra["command"], record.extra.get("framework_log")).items():
+        for fname, body in what_ran(command, record.extra.get("framework_log")).items():
             (out_dir / fname).write_text(body)
             written.append(out_dir / fname)
     return written

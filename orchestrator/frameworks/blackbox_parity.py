@@ -9,6 +9,7 @@ resolution (a loss printed with 4 decimals cannot agree closer than that). Pure:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -32,6 +33,12 @@ class CurveTolerance:
 def spread(a: ParsedLog, b: ParsedLog) -> dict[str, float]:
     """Largest relative difference per metric between two runs of one config over their common iterations."""
     return {m: max((d for _, d in _diffs(a, b, m)), default=0.0) for m in METRICS}
+
+
+def printed(floor: CurveTolerance, log: ParsedLog) -> CurveTolerance:
+    """``floor`` with its absolute parts at least the print resolution a parser read off the log's numbers."""
+    return dataclasses.replace(floor, loss_abs=max(floor.loss_abs, log.resolution.get("loss", 0.0)),
+                               grad_norm_abs=max(floor.grad_norm_abs, log.resolution.get("grad_norm", 0.0)))
 
 
 def calibrate(baseline: ParsedLog, repeat: ParsedLog | None, floor: CurveTolerance) -> CurveTolerance:

@@ -63,6 +63,9 @@ class ParsedLog:
     reserved, max_reserved; torchtitan: max_reserved; steptune: peak, on its result's peak_memory_basis)."""
     ignored_lines: int = 0
     """Lines that looked like iteration lines but could not be read (reported, never guessed at)."""
+    resolution: dict[str, float] = field(default_factory=dict)
+    """Half the last digit printed, per metric (loss, grad_norm), where the parser reads it off the printed numbers
+    (a declared framework); the built-in frameworks state theirs in their adapter instead."""
 
     @property
     def steady(self) -> list[Iteration]:
@@ -94,7 +97,8 @@ class ParsedLog:
                 "tokens_per_s_per_gpu": self.median("tokens_per_s_per_gpu"), "mfu": self.median("mfu"),
                 "peak_memory_bytes": self.peak_memory_bytes, "memory": dict(self.memory),
                 "skipped_iterations": sum(it.skipped for it in self.iterations),
-                "nan_iterations": sum(it.nan for it in self.iterations), "ignored_lines": self.ignored_lines}
+                "nan_iterations": sum(it.nan for it in self.iterations), "ignored_lines": self.ignored_lines,
+                **({"resolution": dict(self.resolution)} if self.resolution else {})}
 
     def to_dict(self) -> dict[str, Any]:
         return {"framework": self.framework, **self.summary(), "per_iteration": [asdict(it) for it in self.iterations]}

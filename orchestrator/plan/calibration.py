@@ -54,15 +54,19 @@ class LedgerCalibration(Calibration):
 
 
 def ledger_records(lines: Sequence[TrialRecord], cluster: ClusterSpec, efficiency: Efficiency | None = None,
-                   statuses: Sequence[str] = ("ok",), metrics: Sequence[str] = METRICS
-                   ) -> tuple[list[dict[str, Any]], list[int], list[tuple[int, str]]]:
+                   statuses: Sequence[str] = ("ok",), metrics: Sequence[str] = METRICS,
+                   to_plan: Any = None) -> tuple[list[dict[str, Any]], list[int], list[tuple[int, str]]]:
     """Calibration records from a ledger's trial records: the measured ones (a real run's result) of the given
     statuses; predictions and reused measurements are left out by what they are, not by backend name.
+    ``to_plan(trial config, cluster, efficiency)``: how a trial's config maps onto the planner (default the trainer's
+    own, ``prefilter.plan_for_trial``; a command sweep's declared model, ``command_planner``).
 
     Returns (records, their trial numbers, (trial, why) for records that were measured but not usable).
     """
     from orchestrator.plan.prefilter import plan_for_trial
     from trainer.config import TrainConfig
+
+    plan_for_trial = to_plan or plan_for_trial
 
     records, used, skipped = [], [], []
     for line in lines:

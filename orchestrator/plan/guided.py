@@ -101,9 +101,13 @@ def snap(params: Mapping[str, Any], space: Any, n_float: int = FLOAT_POINTS) -> 
 class PlannerRanking:
     """The planner's view of a space's candidates: predictions with the current efficiency, refits to a ledger."""
 
-    def __init__(self, space: Any, configs: Any, cluster: Any, efficiency: Any, n_float: int = FLOAT_POINTS):
+    def __init__(self, space: Any, configs: Any, cluster: Any, efficiency: Any, n_float: int = FLOAT_POINTS,
+                 to_plan: Callable[..., Any] | None = None):
         from orchestrator.plan.prefilter import plan_for_trial
 
+        # to_plan(trial config, cluster, efficiency) -> PlanConfig: the trainer's own mapping, or a command sweep's
+        # declared model (orchestrator.plan.command_planner), used for the ranking and the refits alike.
+        plan_for_trial = self.to_plan = to_plan or plan_for_trial
         self.space, self.configs, self.cluster, self.n_float = space, configs, cluster, n_float
         self.prior = self.efficiency = efficiency
         self.candidates = candidates(space, configs.fixed, configs.split_context, n_float)
@@ -162,7 +166,7 @@ class PlannerRanking:
         self._lines_seen = len(lines)
         if not new:
             return False
-        records, _, _ = ledger_records(new, self.cluster, self.prior, metrics=TIME_METRICS)
+        records, _, _ = ledger_records(new, self.cluster, self.prior, metrics=TIME_METRICS, to_plan=self.to_plan)
         if not records:
             return False
         self._records.extend(records)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from orchestrator import REPO_ROOT, backends
+from orchestrator.frameworks.custom import CustomFramework
 from orchestrator.search.space import Space, enumerate_space, parse_space
 from orchestrator.search.target import Target, parse_target
 from orchestrator.records.answer import SettleRule
@@ -114,7 +115,13 @@ class CommandConfig:
     """backend: command only: trials run the team's own launch command through torchrun on Ray-placed node actors."""
 
     framework: str = "steptune"
-    """megatron, torchtitan or steptune: how a trial's knobs become the command's flags and how its log is read."""
+    """megatron, torchtitan, steptune, or custom (your own script, declared under command.custom): how a trial's
+    knobs become the command's flags and how its log is read."""
+    framework_version: Optional[str] = None
+    """torchtitan only: the release the flags are written for (null: its main branch; "0.3.0": the PyPI release)."""
+    custom: Optional[CustomFramework] = None
+    """framework custom only: your script's knobs as arguments and environment, and how its log is read
+    (docs/frameworks.md#your-own-trainer)."""
     argv: list = field(default_factory=list)
     """What torchrun runs, with its fixed arguments: ["-m", "trainer"], or ["pretrain_gpt.py", "--num-layers", "24",
     ...]; the trial's rendered flags are appended. ``{trial_dir}`` is the trial's folder on each node."""

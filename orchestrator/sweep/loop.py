@@ -106,6 +106,7 @@ class Sweep:
         base = Q.baseline_of(self.records)
         if base is not None and base.status == "ok" and base.result is not None:
             self.gate.resume(base.result)
+            self.backend.resume(base)
 
     # ---- the loop ---------------------------------------------------------------------------
 

@@ -246,13 +246,46 @@ def test_knobs_a_framework_can_express_pass(name, keys):
     FRAMEWORKS[name].refuse(keys)
 
 
-def test_torchtitan_renders_job_config_overrides():
-    cfg = _cfg(**{"batch.micro_batch_size": 4, "parallel.pp": 2, "parallel.dp": 1, "recompute.kind": "selective",
+def test_torchtitan_renders_its_current_config_overrides():
+    """torchtitan main: the batch in tokens per microbatch per DP rank, the global batch it keeps in tokens per step,
+    every microbatch of a replica through the pipeline (num_pp_microbatches), the policy as a typed choice, last."""
+    cfg = _cfg(**{"batch.micro_batch_size": 2, "parallel.pp": 2, "parallel.dp": 1, "recompute.kind": "selective",
                   "pipeline.schedule": "interleaved_1f1b", "pipeline.virtual_stages": 2, "model.n_layers": 4})
-    args = torchtitan.render(cfg, ["batch.micro_batch_size", "parallel.pp", "pipeline.schedule", "recompute.kind"])
-    assert args == ["--training.local_batch_size", "4", "--parallelism.pipeline_parallel_degree", "2",
-                    "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B", "--activation_checkpoint.mode",
-                    "selective"]
+    keys = ["batch.micro_batch_size", "parallel.pp", "pipeline.schedule", "recompute.kind"]
+    seq, gb = cfg.model.seq_len, cfg.batch.global_batch
+    assert torchtitan.render(cfg, keys) == [
+        "--training.num_tokens_per_microbatch_per_dp_rank", str(2 * seq), "--training.num_tokens_per_train_step",
+        str(gb * seq), "--parallelism.num_pp_microbatches", str(gb // 2), "--parallelism.pipeline_parallel_degree",
+        "2", "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B", "activation-checkpoint:selective"]
+    old = framework("torchtitan", version="0.3.0")
+    args, files = old.render(cfg, keys)
+    assert args[:6] == ["--training.local_batch_size", str(gb), "--parallelism.pipeline_parallel_microbatch_size", "2",
+                        "--training.global_batch_size", str(gb)] and files == {}
+    one = _cfg(**{"batch.micro_batch_size": 4, "parallel.dp": 2})
+    assert old.render(one, ["batch.micro_batch_size"])[0] == ["--training.local_batch_size", "4",
+                                                              "--training.global_batch_size", str(gb)]
+    with pytest.raises(ValueError, match=r"command.framework_version='0.2.1': the torchtitan adapter writes for "
+                                         r"main, 0.3.0"):
+        framework("torchtitan", version="0.2.1")
+    with pytest.raises(ValueError, match="command.framework_version='1.0': only torchtitan"):
+        framework("megatron", version="1.0")
+
+
+def test_torchtitan_export_writes_its_overrides_as_toml():
+    import tomllib
+
+    from orchestrator.frameworks.adapters import what_ran
+
+    flags = ["--training.num_tokens_per_microbatch_per_dp_rank", "4096", "--parallelism.pipeline_parallel_schedule",
+             "1F1B", "activation-checkpoint:full"]
+    files = what_ran({"framework": "torchtitan", "flags": flags, "argv": ["python", "-m", "torchtitan.train"],
+                      "env": {}}, None)
+    text = files[torchtitan.TOML_FILE]
+    assert tomllib.loads(text) == {"training": {"num_tokens_per_microbatch_per_dp_rank": 4096},
+                                   "parallelism": {"pipeline_parallel_schedule": "1F1B"}}
+    assert "activation-checkpoint:full" in text and "command.sh" in files
+    assert torchtitan.TOML_FILE not in what_ran({"framework": "megatron", "flags": ["--micro-batch-size", "2"],
+                                                 "argv": [], "env": {}}, None)
 
 
 def test_steptune_writes_its_yaml():
@@ -348,7 +381,7 @@ def test_command_section_refused_at_load(tmp_path, overrides, message):
     ("megatron", {"recompute.kind": {"type": "categorical", "choices": ["full", "op"]}},
      "recompute.kind=op: framework megatron cannot express this value"),
     ("torchtitan", {"recompute.kind": {"type": "categorical", "choices": ["full", "op"]}},
-     "recompute.kind: framework torchtitan cannot express this value"),
+     "recompute.kind=op: framework torchtitan cannot express this value"),
 ])
 def test_a_space_the_framework_cannot_express_is_refused_at_load(tmp_path, framework_name, params, message):
     import yaml
