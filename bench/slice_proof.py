@@ -322,7 +322,8 @@ def analyse(model: PM.Model, land_doc: dict, runs: Mapping[str, Mapping[int, Any
     rankings = {"priors": prior, "slice-calibrated": sliced}
     preds = {n: r.predictions() for n, r in rankings.items()}
     keys = [k for k in sliced.plans if k in land.rows and R.Landscape.usable(land.rows[k])]
-    got = intervals([sliced.plans[k] for k in keys], fit.efficiency, fit.uncertainty)
+    # The interval of what the landscape measured: the median of its runs of each config.
+    got = intervals([sliced.plans[k] for k in keys], fit.efficiency, fit.uncertainty, runs=land.doc["repeats"])
     iv = {k: g["step_time_s"] for k, g in zip(keys, got)}
     verdicts = [verdict("priors", preds["priors"], land), verdict("slice-calibrated", preds["slice-calibrated"], land, iv)]
     return Analysis(model, land, fit, rankings, preds, iv, verdicts, runs_to_best(land, sliced, range(seeds)), cross)

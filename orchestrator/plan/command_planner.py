@@ -112,7 +112,8 @@ def ranking_for(planner: CommandPlanner, cfg: Any, configs: Any, n_float: int | 
 
     eff = guided.start_efficiency(cfg.sampler, cfg.source) or planner.efficiency
     kwargs = {} if n_float is None else {"n_float": n_float}
-    ranking = guided.PlannerRanking(cfg.space, configs, planner.cluster, eff, to_plan=planner.plan_for, **kwargs)
+    ranking = guided.PlannerRanking(cfg.space, configs, planner.cluster, eff, to_plan=planner.plan_for,
+                                    uncertainty=guided.start_uncertainty(cfg.sampler, cfg.source), **kwargs)
     if not ranking.modelled:
         raise ValueError(f"sampler.kind=guided: the planner models none of the space's configs ("
                          f"{next(iter(ranking.not_modelled.values()), '?')}); use sampler.kind=tpe, or describe the "

@@ -102,13 +102,16 @@ class PlannerRanking:
     """The planner's view of a space's candidates: predictions with the current efficiency, refits to a ledger."""
 
     def __init__(self, space: Any, configs: Any, cluster: Any, efficiency: Any, n_float: int = FLOAT_POINTS,
-                 to_plan: Callable[..., Any] | None = None):
+                 to_plan: Callable[..., Any] | None = None, uncertainty: Any = None):
         from orchestrator.plan.prefilter import plan_for_trial
 
         # to_plan(trial config, cluster, efficiency) -> PlanConfig: the trainer's own mapping, or a command sweep's
         # declared model (orchestrator.plan.command_planner), used for the ranking and the refits alike.
         plan_for_trial = self.to_plan = to_plan or plan_for_trial
         self.space, self.configs, self.cluster, self.n_float = space, configs, cluster, n_float
+        # How sure the starting efficiency is (a profile's bootstrap replicates and residuals), or None.
+        self.uncertainty = uncertainty
+        self._rel: dict[str, tuple[float, float, float]] | None = None
         self.prior = self.efficiency = efficiency
         self.candidates = candidates(space, configs.fixed, configs.split_context, n_float)
         self.plans: dict[str, Any] = {}
@@ -152,6 +155,24 @@ class PlannerRanking:
 
     def predict(self, params: Mapping[str, Any]) -> float | None:
         return self.predictions().get(key_of(snap(params, self.space, self.n_float)))
+
+    def interval(self, params: Mapping[str, Any]) -> Any:
+        """The predicted step time's 90% interval (``planner.uncertainty.Interval``), or None without an uncertainty
+        or for a config the planner does not model. The profile's replicates give each candidate its interval
+        relative to the starting prediction; after refits the same relative interval is kept around the refitted
+        point (a refit moves the point; the trials it rests on are too few to bootstrap)."""
+        from orchestrator.planner.uncertainty import Interval, intervals
+
+        point = self.predict(params)
+        if point is None or self.uncertainty is None:
+            return None
+        if self._rel is None:
+            keys = list(self.plans)
+            got = intervals([self.plans[k] for k in keys], self.prior, self.uncertainty)
+            self._rel = {k: (g["step_time_s"].low / g["step_time_s"].point, g["step_time_s"].high / g["step_time_s"].point,
+                             g["step_time_s"].level) for k, g in zip(keys, got)}
+        lo, hi, level = self._rel[key_of(snap(params, self.space, self.n_float))]
+        return Interval(point * lo, point, point * hi, level)
 
     def why_not(self, params: Mapping[str, Any]) -> str | None:
         k = key_of(snap(params, self.space, self.n_float))
@@ -278,8 +299,12 @@ def planner_fields(sampler: Any, params: Mapping[str, Any], metrics: Mapping[str
     if pred is None:
         return {"planner": {"not_modelled": r.why_not(params), "picked": number in sampler._picks}}
     measured = metrics.get("step_time_s")
-    return {"planner": {"predicted_step_time_s": pred, "picked": number in sampler._picks, "fits": r.n_fits,
-                        "error_pct": 100.0 * (pred - measured) / measured if measured else None}}
+    out = {"predicted_step_time_s": pred, "picked": number in sampler._picks, "fits": r.n_fits,
+           "error_pct": 100.0 * (pred - measured) / measured if measured else None}
+    if (iv := r.interval(params)) is not None:
+        out.update(predicted_low_s=iv.low, predicted_high_s=iv.high, interval_level=iv.level,
+                   within_interval=iv.contains(measured) if measured else None)
+    return {"planner": out}
 
 
 def start_efficiency(sampler: Any, source: str | None) -> Any:
@@ -307,6 +332,21 @@ def start_efficiency(sampler: Any, source: str | None) -> Any:
         raise ValueError(f"sampler.calibration: {e}") from None
 
 
+def start_uncertainty(sampler: Any, source: str | None) -> Any:
+    """The ``uncertainty:`` section of the file ``sampler.calibration`` names (a profile's), or None."""
+    from pathlib import Path
+
+    from orchestrator.plan.calibration import load_uncertainty
+    from orchestrator.plan.sources import resolve_path
+
+    if sampler.calibration is None:
+        return None
+    try:
+        return load_uncertainty(resolve_path(sampler.calibration, Path(source).parent if source else None))
+    except ValueError as e:
+        raise ValueError(f"sampler.calibration: {e}") from None
+
+
 def sampler_for(backend: Any, base: BaseSampler, records: Callable[[], Sequence[Any]]) -> BaseSampler:
     """``sampler.kind: guided`` for a real-trials backend (``RayTrials``): GuidedSampler over ``base``, or ``base``
     alone when the planner cannot model the space (no cluster for this device, nothing mappable), saying why."""
@@ -325,7 +365,7 @@ def sampler_for(backend: Any, base: BaseSampler, records: Callable[[], Sequence[
     # A profile measured before the sweep beats the cluster file's priors (and a prefilter calibration: that one
     # is for memory); the online refits then start from it.
     eff = start_efficiency(cfg.sampler, cfg.source) or eff
-    ranking = PlannerRanking(cfg.space, configs, cluster, eff)
+    ranking = PlannerRanking(cfg.space, configs, cluster, eff, uncertainty=start_uncertainty(cfg.sampler, cfg.source))
     if not ranking.modelled:
         log.info("note: sampler.kind=guided: the planner models none of the space's configs (%s); using TPE",
                  next(iter(ranking.not_modelled.values()), "?"))

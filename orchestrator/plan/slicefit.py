@@ -158,7 +158,8 @@ def fit(slices: Sequence[Slice], runs: Mapping[str, Mapping[int, Any]], cluster:
                                  prior_weight=PRIOR_WEIGHT).fitted)
     residuals = _residuals(records, eff)
     u = Uncertainty(tuple(samples), residuals, basis=f"bootstrap over the rounds of {len(ran)} slices "
-                    f"({max(len(v) for v in runs.values())} rounds), {n_boot} refits; the fit's residuals")
+                    f"({max(len(v) for v in runs.values())} rounds), {n_boot} refits; the fit's residuals",
+                    run_sd=run_sd(runs))
     from orchestrator.planner.uncertainty import predictions
 
     pred = predictions([r["config"] for r in records], eff, ("step_time_s",))["step_time_s"]
@@ -166,6 +167,14 @@ def fit(slices: Sequence[Slice], runs: Mapping[str, Mapping[int, Any]], cluster:
                  for s, r, p in zip(ran, records, pred))
     loose = unpinned(cal.fitted, u, ident, {s.name: len(runs[s.name]) for s in ran})
     return SliceFit(eff, cal, ident, u, rows, loose, tuple(tp_rows))
+
+
+def run_sd(runs: Mapping[str, Mapping[int, Any]]) -> float:
+    """The standard deviation of log(step time) of one run around its slice's level: per slice over its rounds, the
+    median over slices (of those with 3 or more runs; 0 when none has)."""
+    sds = [statistics.stdev(math.log(float(r.summary.step_time_s)) for r in v.values())
+           for v in runs.values() if len(v) >= 3]
+    return statistics.median(sds) if sds else 0.0
 
 
 def _residuals(records: Sequence[Mapping[str, Any]], eff: Efficiency) -> dict[str, tuple[float, ...]]:

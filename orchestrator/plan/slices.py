@@ -306,7 +306,7 @@ def derive_any(sweep: Mapping[str, Any], ranks: list[int], layers: list[int], sh
                device: str = "cpu", dp_comm: bool = True, pp_comm: bool = True) -> tuple[SlicePlan, tuple[Slice, ...]]:
     """The compute slices of any sweep file (backend model: ``derive_slices``; backend ray: ``derive_trainer_slices``)
     at every rank count and layer count given, and the communication slices: data-parallel (``dp_comm_slices`` of
-    the baseline slice at the most layers) for each rank count whose slices run at dp >= 2 with bucketed DP, and,
+    the baseline's slice at the most layers and the largest micro-batch size) for each rank count whose slices run at dp >= 2 with bucketed DP, and,
     for a ray-backend space that pipelines, pipeline (``pp_comm_slices``) for each even rank count.
     Names carry ranks and layers when there are several of either. ValueError naming the flag or field."""
     backend = sweep.get("backend", "model")
@@ -330,9 +330,13 @@ def derive_any(sweep: Mapping[str, Any], ranks: list[int], layers: list[int], sh
                                                         for s in p.slices))
             plans.append(p)
             base = p.slices[0].config
+            # The buckets hide under the last microbatch's backward: at the largest micro-batch size of the space
+            # (the fewest microbatches) that window is longest, so the overlap is seen best where it matters most.
+            widest = max((s.config for s in p.slices if s.config.recompute == base.recompute),
+                         key=lambda c: c.batch.micro_batch_size)
             if (dp_comm and L == max(layers) and base.parallel.dp >= 2
                     and getattr(base.data_parallel, "kind", "") == "replicate"):
-                comm += dp_comm_slices(base, bucket_sizes(sweep.get("space"), base.data_parallel.bucket_mb),
+                comm += dp_comm_slices(widest, bucket_sizes(sweep.get("space"), base.data_parallel.bucket_mb),
                                        f"ranks={r} layers={L}")
             if pp_comm and backend == "ray" and L == max(layers) and r >= 2 and r % 2 == 0:
                 comm += pp_comm_slices(base, sweep.get("space"), f"ranks={r}")

@@ -8,8 +8,9 @@ slices). So the fit is told only what the measurements separate, and the rest st
 the reason.
 
 The test is on the fit's sensitivity matrix at the starting values: ``J[i, j]`` = d(predicted_i / measured_i) /
-d z_j, with ``z`` the coordinates ``calibrate`` fits in (a logit for fractions, log(x + scale) otherwise), so a
-column is what a step of one coordinate does to every relative residual. A parameter is kept when
+d x_j, a small step of one parameter (towards where ``MIN_EFFECT`` is judged), so a column is what that
+parameter does to every relative residual; a column's scale does not change what the others explain of it. A
+parameter is kept when
 
 * **its effect shows**: doubling it (a fraction: moving it halfway to the bound it is farther from) moves some
   measurement by at least
@@ -30,7 +31,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .calibrate import _SCALE, BOUNDS, _config, _evaluate_batch, _from_z, _metrics, _residual_terms, _to_z
+from .calibrate import _SCALE, BOUNDS, _config, _evaluate_batch, _metrics, _residual_terms
 from .config import PlanConfig
 
 MIN_EFFECT = 0.02
@@ -74,14 +75,15 @@ def _columns(records: Sequence[Mapping[str, Any]], base: PlanConfig, names: Sequ
     D = np.zeros((n, len(names)))
     for j, name in enumerate(names):
         x0 = float(getattr(eff0, name) if getattr(eff0, name) is not None else 0.0)
-        z0 = _to_z(name, x0)
-        h = 1e-3
-        J[:, j] = (resid(dataclasses.replace(eff0, **{name: _from_z(name, z0 + h)})) - r0) / h
         lo, hi = BOUNDS[name]
         if hi <= 1.0:  # a fraction: halfway to the bound it is farther from
             big = x0 + (hi - x0) / 2 if x0 - lo < hi - x0 else x0 - (x0 - lo) / 2
         else:
             big = max(2 * x0, x0 + 10 * _SCALE.get(name, 1.0))
+        # The slope, by a small step towards ``big`` in the parameter's own units: a column's scale does not change
+        # what the others explain of it, and a step in the fit's coordinates would be flat at a fraction's bound.
+        step = (big - x0) * 1e-2
+        J[:, j] = (resid(dataclasses.replace(eff0, **{name: x0 + step})) - r0) / abs(step)
         D[:, j] = resid(dataclasses.replace(eff0, **{name: big})) - r0
     return J, D
 

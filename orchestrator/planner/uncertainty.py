@@ -84,6 +84,10 @@ class Uncertainty:
     """Coverage the intervals state."""
     basis: str = ""
     """Where the replicates come from (e.g. "bootstrap over 5 rounds of 42 slices, 40 refits")."""
+    run_sd: float = 0.0
+    """Standard deviation of log(step time) of one run around its config's own level, measured on the runs the fit
+    rests on (the median over slices of the spread across rounds); 0 where no run was measured (a fit to published
+    runs). An interval asked for a measurement of ``runs`` runs widens by the noise of their median."""
 
     def __post_init__(self) -> None:
         if not self.samples:
@@ -94,6 +98,8 @@ class Uncertainty:
                 raise ValueError(f"uncertainty.samples[{i}].{bad[0]}: not an efficiency field")
         if not 0 < self.level < 1:
             raise ValueError(f"uncertainty.level: expected a fraction in (0, 1), got {self.level!r}")
+        if not isinstance(self.run_sd, (int, float)) or not 0 <= self.run_sd < 5:
+            raise ValueError(f"uncertainty.run_sd: expected a log standard deviation in [0, 5), got {self.run_sd!r}")
         for k, v in self.residuals.items():
             if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in v):
                 raise ValueError(f"uncertainty.residuals.{k}: expected finite numbers")
@@ -115,7 +121,7 @@ class Uncertainty:
         return Interval(float(min(lo, point)), float(point), float(max(hi, point)), self.level)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"level": self.level, "basis": self.basis,
+        return {"level": self.level, "basis": self.basis, "run_sd": round(float(self.run_sd), 6),
                 "samples": [{k: float(v) for k, v in s.items()} for s in self.samples],
                 "residuals": {k: [round(float(x), 6) for x in v] for k, v in self.residuals.items()}}
 
@@ -132,7 +138,7 @@ class Uncertainty:
         try:
             return cls(tuple({k: float(v) for k, v in s.items()} for s in samples),
                        {k: tuple(float(x) for x in v) for k, v in res.items()}, float(d.get("level", LEVEL)),
-                       str(d.get("basis", "")))
+                       str(d.get("basis", "")), float(d.get("run_sd", 0.0)))
         except (TypeError, ValueError) as e:
             raise ValueError(f"{where}: {e}") from None
 
@@ -157,9 +163,16 @@ def predictions(plans: Sequence[PlanConfig], eff: Efficiency, metrics: Sequence[
 
 
 def intervals(plans: Sequence[PlanConfig], point: Efficiency, u: Uncertainty | None,
-              metrics: Sequence[str] = ("step_time_s",), seed: int = 0) -> list[dict[str, Interval]]:
+              metrics: Sequence[str] = ("step_time_s",), seed: int = 0, runs: int | None = None
+              ) -> list[dict[str, Interval]]:
     """Per plan, per metric: the point prediction and its ``u.level`` interval (module docstring). Without an
-    ``Uncertainty`` every interval is the point itself (nothing says how sure it is)."""
+    ``Uncertainty`` every interval is the point itself (nothing says how sure it is).
+
+    ``runs``: the interval is for a measurement, the median of that many runs, so each draw also carries that
+    median's noise (``u.run_sd`` x 1.25 / sqrt(runs): the median's standard error, Kenney & Keeping 1962); None:
+    for the config's own level, no measurement noise."""
+    if runs is not None and runs < 1:
+        raise ValueError(f"runs: expected a number of runs >= 1, got {runs!r}")
     for m in metrics:
         if m not in PHASES:
             raise ValueError(f"metrics: {m!r} is not a planner figure; choose from {', '.join(PHASES)}")
@@ -176,6 +189,8 @@ def intervals(plans: Sequence[PlanConfig], point: Efficiency, u: Uncertainty | N
         res = np.asarray(u.residuals.get(m) or u.residuals.get("step_time_s") or (0.0,), dtype=float)
         picks = rng.choice(res, size=(len(reps), DRAWS_PER_SAMPLE))  # the same draw for every plan of a replicate
         spread = (draws[:, None, :] * np.exp(picks)[:, :, None]).reshape(-1, len(plans))
+        if runs is not None and u.run_sd > 0:
+            spread = spread * np.exp(rng.normal(0.0, 1.2533 * u.run_sd / math.sqrt(runs), size=spread.shape))
         bounds[m] = (np.percentile(spread, lo_q, axis=0), np.percentile(spread, hi_q, axis=0))
     return [{m: Interval(float(min(bounds[m][0][i], mid[m][i])), float(mid[m][i]),
                          float(max(bounds[m][1][i], mid[m][i])), u.level) for m in metrics}

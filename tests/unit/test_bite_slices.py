@@ -258,14 +258,20 @@ def test_a_ray_sweep_runs_the_steps_asked_with_one_warmup_step_under_the_trainer
                                              for s in derive_trainer_slices(DEFAULT, r, 2, steps=5, warmup=1).slices]
 
 
-def test_dp_slices_come_from_each_rank_counts_first_slice_at_the_most_layers():
+def test_dp_slices_come_from_each_rank_counts_largest_microbatch_slice_at_the_most_layers():
+    """The buckets hide under the last microbatch's backward, longest at the space's largest micro-batch size: the
+    DP slices are that compute slice (the baseline's recompute) at each bucket size, overlap off and on."""
     s = sweep(tensor_parallel={"size": 1}, parallel={"pp": 2, "dp": 4})
     plan, comm = derive_any(s, [2, 4], [1, 2])
     assert [c.name.split(" dp ")[0] for c in comm] == ["ranks=2 layers=2"] * 6 + ["ranks=4 layers=2"] * 6
-    firsts = {r: derive_slices(s, r, 2).slices[0].config for r in (2, 4)}
-    for c in comm:
-        r = int(c.name.split()[0].removeprefix("ranks="))
-        assert dataclasses.replace(c.config, data_parallel=firsts[r].data_parallel) == firsts[r]
+    for r in (2, 4):
+        slices = derive_slices(s, r, 2).slices
+        widest = max((x.config for x in slices if x.config.recompute == slices[0].config.recompute),
+                     key=lambda c: c.batch.micro_batch_size)
+        assert widest.batch.micro_batch_size > slices[0].config.batch.micro_batch_size
+        for c in comm:
+            if c.name.startswith(f"ranks={r} "):
+                assert dataclasses.replace(c.config, data_parallel=widest.data_parallel) == widest
 
 
 def test_without_a_bucket_knob_the_dp_slices_run_the_trainers_bucket_and_a_tenth():

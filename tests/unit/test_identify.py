@@ -156,3 +156,31 @@ def test_pipeline_slices_cover_each_schedule_at_the_fewest_and_most_microbatches
         pp_comm_slices(dataclasses.replace(plan.slices[0].config, parallel=dataclasses.replace(
             plan.slices[0].config.parallel, dp=1), batch=dataclasses.replace(plan.slices[0].config.batch,
                                                                              global_batch=8)), sweep["space"], "x")
+
+
+def test_the_guided_ranking_carries_a_profiles_interval_to_each_pick_and_the_ledger(tmp_path):
+    """A profile's uncertainty gives every candidate its interval: relative to the starting prediction, kept
+    around the refitted point; planner_fields writes it into the ledger's planner entry."""
+    from orchestrator import backends
+    from orchestrator.plan import guided
+    from orchestrator.plan.prefilter import load_cluster
+    from orchestrator.sweep.config import load_sweep
+
+    cfg = load_sweep(str(REPO / "search_spaces" / "default.yaml"), [], check=False)
+    configs = backends.build(cfg).configs
+    cluster, eff = load_cluster(REPO / "search_spaces" / "clusters" / "cpu-local.yaml")
+    u = Uncertainty(({"matmul_eff": eff.matmul_eff},) * 3, {"step_time_s": (-0.1, 0.0, 0.1)})
+    r = guided.PlannerRanking(cfg.space, configs, cluster, eff, uncertainty=u)
+    params = configs.baseline_params(cfg.space)
+    iv = r.interval(params)
+    assert iv.point == pytest.approx(r.predict(params))
+    assert iv.low < iv.point < iv.high and iv.high / iv.point == pytest.approx(math.exp(0.1))
+    assert guided.PlannerRanking(cfg.space, configs, cluster, eff).interval(params) is None
+    r.efficiency = dataclasses.replace(eff, matmul_eff=eff.matmul_eff / 2)
+    r._pred = None
+    moved = r.interval(params)
+    assert moved.point > iv.point and moved.high / moved.point == pytest.approx(iv.high / iv.point)
+    sampler = guided.GuidedSampler.__new__(guided.GuidedSampler)
+    sampler.ranking, sampler._picks = r, {}
+    got = guided.planner_fields(sampler, params, {"step_time_s": moved.point}, 1)["planner"]
+    assert got["predicted_low_s"] == pytest.approx(moved.low) and got["within_interval"] is True
