@@ -49,7 +49,7 @@ REFIT_TOL = 1e-8
 """scipy's xtol/ftol for the online refits (orchestrator.planner.calibrate.SOLVER_TOL is 1e-12): a refit only ranks
 the candidates. On a default sweep's 31-line ledger, refitted where that sweep did (after 13 and 30 lines), 1e-8
 made a third of the solver's evaluations and left every candidate of the space in the same place (predicted step
-times within 3e-4); 1e-6 reordered them (tests/unit/test_guided.py)."""
+times within 3e-4); 1e-5 reorders them (tests/unit/test_guided.py)."""
 TIME_METRICS = ("step_time_s", "forward_s", "backward_incl_recompute_s", "optimizer_s", "dp_exposed_s", "pp_idle_s")
 
 log = logging.getLogger(__name__)

@@ -178,7 +178,7 @@ def test_the_refits_tolerance_ranks_the_default_space_as_the_tight_fit_does(monk
     """Issue 26: the online refit stops at guided.REFIT_TOL (1e-8), not calibrate's SOLVER_TOL (1e-12). On the
     first 13 lines of a real default sweep (tests/fixtures/default_sweep_first_refit.jsonl, where that sweep
     refitted first; half the residual evaluations there) every candidate of the space keeps its place in the
-    ranking the picks are taken from. The check can tell: at 1e-6 the order changes."""
+    ranking the picks are taken from. The check can tell: at 1e-5 the order changes (1e-6 did, before the cpu-local priors priced the fixed costs of a pass, a tensor and an update)."""
     from orchestrator import backends
     from orchestrator.planner.calibrate import SOLVER_TOL
     from orchestrator.records.ledger import read_records
@@ -200,4 +200,4 @@ def test_the_refits_tolerance_ranks_the_default_space_as_the_tight_fit_does(monk
     assert refit_tol > SOLVER_TOL
     tight = order(SOLVER_TOL)
     assert order(refit_tol) == tight
-    assert order(1e-6) != tight
+    assert order(1e-5) != tight
