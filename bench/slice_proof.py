@@ -374,9 +374,10 @@ def report(a: Analysis, doc: dict, cal_path: Path) -> str:
             f"## The fit, from slices only ({doc['ranks']} ranks each: the job's density)", "",
             f"Network: `{doc['cluster_file']}` (`steptune netcal --measure 2`, repeated until each table's fit error "
             f"is <= 20% or its cap). Slices (`slices.derive_any`, fitted by `plan.slicefit` -> `{cal_path.name}`):", "",
-            "| slice | role | runs | measured step (ms, median run) | fitted (ms) | error |", "|---|---|---:|---:|---:|---:|",
+            "| slice | role | runs | measured step (ms, median run) | fitted (ms) | 90% interval (ms) | error |",
+            "|---|---|---:|---:|---:|---|---:|",
             *[f"| {r.name} | {r.role} | {r.runs} | {1e3 * r.measured_step_s:.2f} | {1e3 * r.fitted_step_s:.2f} | "
-              f"{r.error_pct:+.1f}% |" for r in a.fit.rows], "",
+              f"{1e3 * r.low_s:.2f} - {1e3 * r.high_s:.2f} | {r.error_pct:+.1f}% |" for r in a.fit.rows], "",
             "| fitted | value | 90% interval (bootstrap over the rounds) |", "|---|---:|---|",
             *[f"| `{k}` | {v:.4g} | {a.fit.interval(k)[0]:.4g} - {a.fit.interval(k)[1]:.4g} |"
               for k, v in a.fit.fitted.items()], "",

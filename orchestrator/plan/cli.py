@@ -199,7 +199,9 @@ def render(out: Mapping[str, Any]) -> str:
              *out["sources"].get("warnings", []),
              f"step time: {_interval_text(out['interval'])} per update",
              f"interval: {out['interval']['basis']}",
-             "breakdown (critical path, s): " + ", ".join(f"{n} {p[key]:.3f}" for n, key in _PARTS)
+             "breakdown (critical path, s" + (f"; {out['interval']['level']:.0%} intervals" if out["interval"].get("phases")
+                                               else "") + "): " + ", ".join(
+                 f"{n} {p[key]:.3f}" + _phase_span(out["interval"], key) for n, key in _PARTS)
              + f"; data-parallel traffic before overlap {p['dp_total_s']:.3f}; critical stage {p['critical_stage']}",
              f"throughput: {p['tokens_per_s']:,.0f} tokens/s; MFU {p['mfu']:.1%} of {out['peak_tflops_per_gpu']:g} "
              f"TFLOP/s per GPU ({p['mfu_basis']})",
@@ -217,6 +219,12 @@ def render(out: Mapping[str, Any]) -> str:
         if out["target_s"] is not None:
             lines.append(f"  target {out['target']}: {_verdict_text(b['interval'], out['target_s'], b['target_verdict'])}")
     return "\n".join(lines)
+
+
+def _phase_span(iv: Mapping[str, Any], key: str) -> str:
+    """`` (2.41-2.90)`` for a phase whose interval the fit's replicates give, else nothing."""
+    ph = (iv.get("phases") or {}).get(key)
+    return f" ({ph['low']:.3f}-{ph['high']:.3f})" if ph and ph["high"] > ph["low"] else ""
 
 
 def _interval_text(iv: Mapping[str, Any]) -> str:

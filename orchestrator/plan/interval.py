@@ -17,7 +17,7 @@ sweep's answer applies to every winner, measured or predicted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from orchestrator.plan.sources import NO_UNCERTAINTY, Sources
@@ -25,6 +25,11 @@ from orchestrator.planner.band import load_band
 from orchestrator.planner.config import PlanConfig
 from orchestrator.planner.uncertainty import Interval, intervals
 from orchestrator.records.answer import interval_state
+
+
+PHASES = ("forward_s", "backward_s", "recompute_s", "dp_exposed_s", "pp_bubble_s", "pp_p2p_s", "tp_comm_s",
+          "optimizer_s")
+"""The breakdown's phases that carry their own interval (``planner.uncertainty.PHASES``, the step time aside)."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,9 @@ class StepInterval:
     """What the interval is (its level and source), for the reader of the prediction."""
     from_fit: bool
     """True: propagated from the fit's uncertainty; False: the corpus band (no applicable uncertainty)."""
+    phases: dict[str, Interval] = field(default_factory=dict)
+    """Each phase of the breakdown (``PHASES``) with its interval, from the same replicates; empty for the band,
+    which is one relative band of the step time only."""
 
     def text(self) -> str:
         return self.interval.text()
@@ -46,7 +54,10 @@ class StepInterval:
 
     def to_dict(self) -> dict[str, Any]:
         """What a ledger line's ``prediction.interval`` holds (``records.answer.predicted_interval`` reads it)."""
-        return {**self.interval.to_dict(), "basis": self.basis, "from_fit": self.from_fit}
+        out = {**self.interval.to_dict(), "basis": self.basis, "from_fit": self.from_fit}
+        if self.phases:
+            out["phases"] = {k: v.to_dict() for k, v in self.phases.items()}
+        return out
 
 
 def step_intervals(cfgs: Sequence[PlanConfig], sources: Sources | None) -> list[StepInterval]:
@@ -64,8 +75,8 @@ def step_intervals(cfgs: Sequence[PlanConfig], sources: Sources | None) -> list[
         if why is None:
             u = fit.uncertainty
             basis = f"{round(100 * u.level)}% interval from the fit's uncertainty ({fit.source}: {u.basis})"
-            for i, iv in zip(rows, intervals(plans, eff, u)):
-                out[i] = StepInterval(iv["step_time_s"], basis, True)
+            for i, iv in zip(rows, intervals(plans, eff, u, metrics=("step_time_s",) + PHASES)):
+                out[i] = StepInterval(iv["step_time_s"], basis, True, {k: iv[k] for k in PHASES})
             continue
         basis = f"the corpus band, not the fit's uncertainty ({why}): {band.basis}"
         for i, iv in zip(rows, intervals(plans, eff, None)):

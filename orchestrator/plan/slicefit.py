@@ -65,6 +65,9 @@ class SliceRow:
     runs: int
     measured_step_s: float
     fitted_step_s: float
+    low_s: float = 0.0
+    high_s: float = 0.0
+    """The fitted step time's 90% interval for a measurement of the slice's rounds (``uncertainty.intervals``)."""
 
     @property
     def error_pct(self) -> float:
@@ -160,11 +163,12 @@ def fit(slices: Sequence[Slice], runs: Mapping[str, Mapping[int, Any]], cluster:
     u = Uncertainty(tuple(samples), residuals, basis=f"bootstrap over the rounds of {len(ran)} slices "
                     f"({max(len(v) for v in runs.values())} rounds), {n_boot} refits; the fit's residuals",
                     run_sd=run_sd(runs))
-    from orchestrator.planner.uncertainty import predictions
+    from orchestrator.planner.uncertainty import intervals
 
-    pred = predictions([r["config"] for r in records], eff, ("step_time_s",))["step_time_s"]
-    rows = tuple(SliceRow(s.name, s.role, len(runs[s.name]), float(r["measured"]["step_time_s"]), float(p))
-                 for s, r, p in zip(ran, records, pred))
+    rows = tuple(SliceRow(s.name, s.role, len(runs[s.name]), float(r["measured"]["step_time_s"]), iv.point, iv.low,
+                          iv.high)
+                 for s, r in zip(ran, records)
+                 for iv in [intervals([r["config"]], eff, u, runs=len(runs[s.name]))[0]["step_time_s"]])
     loose = unpinned(cal.fitted, u, ident, {s.name: len(runs[s.name]) for s in ran})
     return SliceFit(eff, cal, ident, u, rows, loose, tuple(tp_rows))
 
@@ -199,9 +203,10 @@ def _metric_name(k: str) -> str:
 def format_fit(f: SliceFit) -> str:
     """The fit in a few lines: the slices, what was fitted with its interval, what was held and why."""
     w = max(len(r.name) for r in f.rows)
-    lines = [f"{'slice':<{w}}  {'role':<7}  {'runs':>4}  {'measured ms':>11}  {'fitted ms':>9}  {'error':>6}"]
+    lines = [f"{'slice':<{w}}  {'role':<7}  {'runs':>4}  {'measured ms':>11}  {'fitted ms':>9}  {'90% interval':>15}  "
+             f"{'error':>6}"]
     lines += [f"{r.name:<{w}}  {r.role:<7}  {r.runs:4d}  {1e3 * r.measured_step_s:11.2f}  {1e3 * r.fitted_step_s:9.2f}"
-              f"  {r.error_pct:+5.1f}%" for r in f.rows]
+              f"  {f'{1e3 * r.low_s:.1f}-{1e3 * r.high_s:.1f}':>15}  {r.error_pct:+5.1f}%" for r in f.rows]
     lines.append("fitted (90% interval over the rounds): " + ", ".join(
         f"{k} = {v:.4g} ({f.interval(k)[0]:.4g}-{f.interval(k)[1]:.4g})" for k, v in f.fitted.items()))
     lines += [f"held at the prior: {k} = {getattr(f.efficiency, k)}: {why}" for k, why in f.identified.held.items()]

@@ -183,6 +183,11 @@ def test_plan_prints_the_interval_its_basis_and_the_verdict(capsys):
     assert "interval: 90% interval from the fit's uncertainty (the b200 corpus set: bootstrap" in text
     assert out["target_verdict"] == "not met"
     assert (f"not met (the whole 90% interval {iv.low:.2f}-{iv.high:.2f} s is above 9.30 s)") in text
+    # every phase of the breakdown with its interval, from the same replicates
+    fwd = out["interval"]["phases"]["forward_s"]
+    assert fwd["low"] < fwd["point"] < fwd["high"] and fwd["point"] == pytest.approx(out["prediction"]["forward_s"])
+    assert "breakdown (critical path, s; 90% intervals): forward " in text
+    assert f"forward {fwd['point']:.3f} ({fwd['low']:.3f}-{fwd['high']:.3f})" in text
 
 
 def test_plan_of_a_config_that_straddles_the_target_is_undecided(capsys):

@@ -63,6 +63,9 @@ def test_the_fit_recovers_the_costs_the_slices_pin_down(clean):
         assert clean.fitted[name] == pytest.approx(TRUE[name], rel=0.25), name
     assert clean.fitted["matmul_eff"] == pytest.approx(TRUE["matmul_eff"], rel=0.25)
     assert max(abs(r.error_pct) for r in clean.rows) < 8
+    # each slice's fitted step with its 90% interval for a measurement of its rounds; most hold the measured median
+    assert all(r.low_s <= r.fitted_step_s <= r.high_s for r in clean.rows)
+    assert sum(r.low_s <= r.measured_step_s <= r.high_s for r in clean.rows) >= 0.8 * len(clean.rows)
 
 
 def test_what_a_single_layer_shape_cannot_separate_is_held_and_named(clean):
