@@ -51,6 +51,8 @@ class Table:
     devices: tuple[str, ...]
     """Distinct device names, as printed."""
     points: tuple[Point, ...]
+    repeats: int = 1
+    """How many runs of the collective the points pool (``pooled``): ``source`` names the first."""
 
     @property
     def ranks(self) -> int:
@@ -265,7 +267,7 @@ def fit(tables: list[Table]) -> dict[str, TierFit]:
 def pooled(tables: list[Table]) -> Table:
     """Repeated measurements of one collective over the same ranks as one table: per message size, the median of
     every repeat's out-of-place and in-place times (a preempted call moves one repeat, not the median). The first
-    table's source, with ``xN`` for N repeats. ValueError for tables of different collectives or ranks."""
+    table's source, and the number of repeats. ValueError for tables of different collectives or ranks."""
     first = tables[0]
     if any((t.collective, t.hosts) != (first.collective, first.hosts) for t in tables):
         raise ValueError(f"{first.source}: repeats must measure one collective over the same ranks")
@@ -276,7 +278,7 @@ def pooled(tables: list[Table]) -> Table:
         for pt in t.points:
             by_size.setdefault(pt.size_bytes, []).append(pt.time_us)
     points = tuple(Point(size, float(np.median(times)), False) for size, times in sorted(by_size.items()))
-    return Table(f"{first.source} x{len(tables)}", first.collective, first.hosts, first.devices, points)
+    return Table(first.source, first.collective, first.hosts, first.devices, points, len(tables))
 
 
 def bad_tables(fits: dict[str, TierFit]) -> list[tuple[str, float]]:
@@ -342,7 +344,8 @@ def cluster_file(base: dict, fits: dict[str, TierFit], when: str, command: str) 
         measured += [bw, lat]
         for t, err in zip(f.tables, f.table_rel_rms):
             sizes = [p.size_bytes for p in t.points]
-            sources.append({"file": t.source, "collective": t.collective, "tier": tier, "ranks": t.ranks,
+            sources.append({"file": t.source, "repeats": t.repeats, "collective": t.collective, "tier": tier,
+                            "ranks": t.ranks,
                             "nodes": t.nodes, "ranks_per_node": t.ranks_per_node, "devices": list(t.devices),
                             "sizes_bytes": [min(sizes), max(sizes)], "points": len(t.points),
                             "fit_rel_rms": round(err, 4), "tier_fit_rel_rms": round(f.rel_rms, 4)})
@@ -461,7 +464,8 @@ def run(args) -> int:
     print(f"{'tier':<11} {'GB/s per GPU':>12} {'latency us':>10} {'fit rms':>8}  tables (each with its own fit rms)")
     for f in fits.values():
         print(f"{f.tier:<11} {f.bw_GBps:12.4g} {f.latency_us:10.4g} {f.rel_rms:8.1%}  " + ", ".join(
-            f"{t.collective} x{t.ranks} on {t.nodes} node(s) ({Path(t.source).name}: {e:.1%})"
+            f"{t.collective} x{t.ranks} on {t.nodes} node(s) ({Path(t.source).name}"
+            f"{f', {t.repeats} runs pooled' if t.repeats > 1 else ''}: {e:.1%})"
             for t, e in zip(f.tables, f.table_rel_rms)))
     for f in fits.values():
         for t, e in zip(f.tables, f.table_rel_rms):

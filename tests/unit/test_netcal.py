@@ -258,7 +258,7 @@ def test_repeats_pool_by_the_median_per_size_so_one_slow_repeat_moves_nothing():
     slow = _scaled(clean, lambda k: 5.0 if k % 2 else 1.0)  # every other size 5x slower in this repeat
     tables = [netcal.parse(t, f"all_reduce_perf{i}.txt") for i, t in enumerate((clean, slow, clean))]
     one = netcal.pooled(tables)
-    assert one.source == "all_reduce_perf0.txt x3" and one.collective == "all_reduce" and one.hosts == ("a", "a")
+    assert (one.source, one.repeats) == ("all_reduce_perf0.txt", 3) and one.collective == "all_reduce" and one.hosts == ("a", "a")
     assert [p.size_bytes for p in one.points] == sorted({p.size_bytes for p in tables[0].points})
     assert [p.time_us for p in one.points] == [p.time_us for p in tables[0].points if not p.in_place]
     (f,) = netcal.fit([one]).values()
