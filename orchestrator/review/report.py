@@ -16,6 +16,7 @@ from orchestrator.plan.verdict import verdict, verdict_lines
 from orchestrator.records import answer as A
 from orchestrator.plan.prefilter import prefilter_summary, prefilter_summary_text
 from orchestrator.records.record import Kind, Status, TrialRecord
+from orchestrator.commands import subcommand
 from orchestrator.search.target import Target
 from orchestrator.units import fmt_bytes
 
@@ -136,11 +137,12 @@ def answer_dict(answer: A.Answer) -> dict[str, Any]:
 
 
 def summarize(records: list[TrialRecord], target: Target, rule: A.SettleRule = A.RULE,
-              answer: A.Answer | None = None) -> dict[str, Any]:
+              answer: A.Answer | None = None, where: tuple[str, Any] | None = None) -> dict[str, Any]:
     """The sweep's outcome as a plain, JSON-able dict (MLflow's summary.json and ``summary_text`` read it).
 
     Every verdict in it is the answer's (orchestrator.records.answer.decide): ``best`` is its winner, the
-    target verdict its verdict."""
+    target verdict its verdict. ``where``: (the sweep's name, its results directory), for the command that
+    settles an undecided verdict further (``settle_command``)."""
     answer = answer or A.decide(records, target, rule)
     base = Q.baseline_of(records)
     base_s = answer.baseline_s
@@ -179,7 +181,17 @@ def summarize(records: list[TrialRecord], target: Target, rule: A.SettleRule = A
         "breakdowns": _breakdowns(records, target_s, top_record) if rows and rows[0].predicted else [],
         "verdict": verdict(records, target_s),
         "time_to_answer": time_to_answer(records, answer=answer),
+        "settle_command": settle_command(answer, *where) if where else None,
     }
+
+
+def settle_command(answer: A.Answer, sweep: str, results_dir: Any) -> str | None:
+    """``steptune settle --sweep NAME --rounds N``: the rounds an undecided target verdict needs, on the same sweep
+    (no new trials); None when the verdict is decided, or when no number of rounds can decide it."""
+    t = answer.target
+    if t.state != A.UNDECIDED or not t.more_rounds or answer.winner is None or answer.winner.predicted:
+        return None
+    return subcommand("settle", sweep, results_dir, "--rounds", str(t.more_rounds))
 
 
 def time_to_answer(records: list[TrialRecord], sessions: list | None = None, within: float = 0.02,
@@ -306,6 +318,8 @@ def answer_lines(s: dict[str, Any]) -> list[str]:
                 "; its figure sits on the target, more rounds cannot decide it"
             out.append(f"target undecided: trial {best['trial']}, {_figure(best, interval=False)} against "
                        f"{tgt}{within}{more}")
+            if s.get("settle_command"):
+                out.append(f"  to decide it, run those rounds on this sweep (no new trials): {s['settle_command']}")
     n = a["noise"]
     if not pred and n["baseline_runs"]:
         load = f"; load (1 min) while measuring: median {n['load_median']:.1f}, max {n['load_max']:.1f}" \
