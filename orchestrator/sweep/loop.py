@@ -100,7 +100,7 @@ class Sweep:
         return self.cfg.target.seconds(self.baseline_s)
 
     def answer(self) -> A.Answer:
-        return A.decide(self.records, self.cfg.target, self.cfg.winner)
+        return self.recorder.answer()
 
     def recover(self) -> None:
         """Resume: the dead driver's RUNNING trials, a missing baseline, the parity anchor."""
