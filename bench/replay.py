@@ -126,7 +126,32 @@ class Landscape:
         mine = self.refined.get(key, {})
         if rnd in mine:
             return mine[rnd] * self.rows[base]["median_s"] / level
+        if mine and rnd in self.refined[base]:
+            return self._refined_elsewhere(key, rnd, rng) * self.rows[base]["median_s"] / level
         return stored * self.refined[base].get(rnd, level) / level
+
+    def _refined_elsewhere(self, key: str, rnd: int, rng: random.Random) -> float:
+        """A run of a config refined in other rounds (the 24-round configs in a round past their 24th): its truth
+        times the round's level (what every config refined in that round shares) times one of its own residuals
+        (its run over truth x level in one of its rounds). Its paired ratio to the baseline of another round times
+        this round's baseline would carry that baseline's own deviation into every such config of the round at
+        once, and a stored run times the drift would pair with the baseline exactly."""
+        levels = self._round_levels()
+        mine = sorted(n for n in self.refined[key] if n in levels)
+        m = mine[rng.randrange(len(mine))]
+        return self.truth[key] * levels[rnd] * self.refined[key][m] / (self.truth[key] * levels[m])
+
+    def _round_levels(self) -> dict[int, float]:
+        """Refinement round -> the geometric mean over the configs refined in it of run / truth (seconds at the
+        baseline's scale): the machine's state in that round."""
+        if not hasattr(self, "_levels"):
+            per: dict[int, list[float]] = {}
+            for k, runs in self.refined.items():
+                for n, t in runs.items():
+                    if k in self.truth:
+                        per.setdefault(n, []).append(t / self.truth[k])
+            self._levels = {n: statistics.geometric_mean(v) for n, v in per.items()}
+        return self._levels
 
     @staticmethod
     def usable(row: dict) -> bool:

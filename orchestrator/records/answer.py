@@ -409,14 +409,14 @@ def _gap(c: ConfigFigure, leader: ConfigFigure, model: RoundModel | None, rule: 
         return Gap(r, (r, r), 0, c.ratio > leader.ratio, 0 if c.ratio > leader.ratio else None)
     both = model is not None and c.key in model.rounds and leader.key in model.rounds
     common = model.common(c.key, leader.key) if both else 0
-    if both:
-        d = model.effect[c.key] - model.effect[leader.key]
-        half = model.half_width(model.se(c.key, leader.key), rule.confidence)
-        # Told apart only by a paired interval over MIN_COMMON_ROUNDS rounds at least: racing tests a candidate
-        # only after its first blocks (F-race, irace's firstTest), and one round says little of a pair.
+    if common:
+        # Paired over the rounds both ran in, as F-race compares candidates over the instances both have seen: a
+        # round the leader ran in alone moves its own figure, not this comparison. Told apart only over
+        # MIN_COMMON_ROUNDS rounds at least (irace's first test comes after its first instances).
+        d, se = model.paired(c.key, leader.key)
+        half = model.half_width(se, rule.confidence)
         apart = d - half > limit and common >= MIN_COMMON_ROUNDS
-        return Gap(math.exp(d), _around(d, half), common, apart,
-                   0 if apart else _more(max(common, 1), d - limit, half))
+        return Gap(math.exp(d), _around(d, half), common, apart, 0 if apart else _more(common, d - limit, half))
     # Not both in the rounds: their runs alone, unpaired, each run off by the assumed spread (``run_sd``, log units)
     # whatever round it ran in; a config measured once leaves the tie only when even that cannot bridge the gap.
     d = math.log(c.unpaired / leader.unpaired)

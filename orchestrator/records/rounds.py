@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
@@ -66,6 +66,8 @@ class RoundModel:
     """Degrees of freedom of ``sigma`` (1 for the assumed one)."""
     rounds: Mapping[str, frozenset[int]]
     """Config -> the model's rounds it ran in."""
+    logs: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
+    """Config -> round -> log of its step time, the model's rounds only."""
 
     def se(self, a: str, b: str | None = None) -> float:
         """Standard error of effect(a) - effect(b) (b None: the baseline's, 0)."""
@@ -81,6 +83,14 @@ class RoundModel:
 
     def common(self, a: str, b: str) -> int:
         return len(self.rounds[a] & self.rounds[b])
+
+    def paired(self, a: str, b: str) -> tuple[float, float]:
+        """log(a / b) over the rounds both ran in, the mean of their per-round differences, and its standard
+        error with the pooled residual (each difference of two runs of one round: variance 2 sigma^2): the
+        paired comparison of two configs, blind to rounds only one of them ran in."""
+        common = sorted(self.rounds[a] & self.rounds[b])
+        d = statistics.fmean(self.logs[a][n] - self.logs[b][n] for n in common)
+        return d, self.sigma * math.sqrt(2 / len(common))
 
 
 def round_model(by_round: Mapping[str, Mapping[int, float]], base: str | None,
@@ -123,14 +133,15 @@ def round_model(by_round: Mapping[str, Mapping[int, float]], base: str | None,
     cov[1:, 1:] = inv[:n_cfg, :n_cfg]
     effect = {base: 0.0, **{k: float(theta[i]) for k, i in col.items()}}
     in_rounds = {k: frozenset(n for n in rounds if k in members[n]) for k in keys}
+    logs = {k: {n: math.log(by_round[k][n]) for n in in_rounds[k]} for k in keys}
     # The residual pooled with the assumed spread as PRIOR_DF degrees of freedom: with the few rounds a sweep
     # affords, a residual that came out small by chance would otherwise tell configs apart that are not (and the
     # racing would act on exactly those draws).
     nu0 = PRIOR_DF
     if df + nu0 == 0:
-        return RoundModel(keys, effect, cov, assumed_sd, 1, in_rounds)
+        return RoundModel(keys, effect, cov, assumed_sd, 1, in_rounds, logs)
     return RoundModel(keys, effect, cov, math.sqrt((rss + nu0 * assumed_sd ** 2) / (df + nu0)), df + nu0,
-                      in_rounds)
+                      in_rounds, logs)
 
 
 PRIOR_DF = 2
