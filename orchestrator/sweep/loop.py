@@ -7,10 +7,11 @@ differs between real trials and predictions is the backend's (orchestrator.backe
 A trial is a generator of runs (a probe, then the full measurement), so several trials can be in flight on
 several worker groups while the loop waits on whichever finishes first.
 
-Settling (orchestrator.records.answer): once the search is over, and whenever a trial's own run meets the
-target during it, the loop runs rounds: the baseline and every config the answer still calls a contender, once
-each, in a random order. The answer is decided from the ledger after every round; a target stops the search
-only when the answer after settling says "met".
+Settling (orchestrator.records.answer decides, orchestrator.sweep.race plans): once the search is over, and
+whenever a trial's own run meets the target during it, the loop runs rounds: the configs the race names (and the
+baseline where it is needed), once each, in a random order. The answer is decided from the ledger after every
+round; a target stops the search only when the answer after settling says "met". ``steptune settle`` runs more
+rounds of a sweep's answer without new trials (``run_sweep(cfg, rounds)``).
 """
 
 from __future__ import annotations
@@ -351,10 +352,8 @@ class Sweep:
         base = Q.baseline_of(self.records)
         if left <= 0 or answer.settled or base is None or base.status != "ok":
             return None
-        if self.settling == "target" and answer.target.state != A.UNDECIDED and answer.winner is not None and (
-                answer.winner.is_baseline or answer.winner.rounds >= self.cfg.winner.min_rounds):
-            return None  # a target check asks only whether the target is met; the final rounds settle ties
-        plan = race.next_round(answer, self.cfg.winner, left)
+        # A target check asks only whether the target is met; the final rounds settle ties.
+        plan = race.next_round(answer, self.cfg.winner, left, verdict_only=self.settling == "target")
         if plan is None:
             return None
         number = max((r.round or 0 for r in self.records), default=0) + 1

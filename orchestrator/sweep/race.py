@@ -45,11 +45,16 @@ class Round:
     """What the round is for, one line (the loop logs it)."""
 
 
-def next_round(answer: A.Answer, rule: A.SettleRule, rounds_left: int) -> Round | None:
-    """The next settling round, or None when no round within ``rounds_left`` can change the decision."""
+def next_round(answer: A.Answer, rule: A.SettleRule, rounds_left: int, verdict_only: bool = False) -> Round | None:
+    """The next settling round, or None when no round within ``rounds_left`` can change the decision.
+    ``verdict_only``: a target check during the search, which asks only whether the winner meets the target (the
+    final rounds settle the tie): the winner, beside the baseline, while its verdict is undecided and the rounds
+    left can decide it, or while a verdict of met rests on fewer than ``winner.min_rounds`` paired runs."""
     win, leader = answer.winner, answer.leader
     if rounds_left <= 0 or win is None or leader is None or win.predicted:
         return None
+    if verdict_only:
+        return _verdict_round(answer, rule, rounds_left)
     rivals = sorted((c for c in answer.ties if c is not leader), key=lambda c: (c.ratio, c.trial))
     new = [c for c in rivals if c.rounds < A.MIN_COMMON_ROUNDS]
 
@@ -82,6 +87,17 @@ def next_round(answer: A.Answer, rule: A.SettleRule, rounds_left: int) -> Round 
     baseline = any(c.is_baseline for c in runs) or (decide_target and verdict.relative) or len(configs) < 2 or (
         base is not None and base.rounds < A.MIN_COMMON_ROUNDS)
     return Round(configs, baseline and base is not None, "; ".join(why))
+
+
+def _verdict_round(answer: A.Answer, rule: A.SettleRule, rounds_left: int) -> Round | None:
+    win, v = answer.winner, answer.target
+    if v.state == A.UNDECIDED and v.more_rounds is not None and v.more_rounds <= rounds_left:
+        why = f"the target verdict needs about {v.more_rounds} more round(s)"
+    elif v.state == A.MET and not win.is_baseline and win.rounds < rule.min_rounds:
+        why = f"a verdict of met rests on fewer than winner.min_rounds={rule.min_rounds} paired runs"
+    else:
+        return None
+    return Round(() if win.is_baseline else (win.key,), answer.baseline is not None, why)
 
 
 def _trials(configs: list[A.ConfigFigure]) -> str:

@@ -116,3 +116,17 @@ def test_a_prediction_is_never_raced():
     a = answer([(1, 0.40, 0, None), (2, 0.41, 0, None)])
     a.winner.record.predicted = True
     assert planned(a) is None
+
+
+@pytest.mark.parametrize("verdict,winner_rounds,expected", [
+    # A target check during the search races no tie: the winner beside the baseline, for the verdict only.
+    ((A.UNDECIDED, 2, True), 1, ([1], True)),
+    ((A.UNDECIDED, 9, True), 1, None),  # more rounds than the check has left
+    ((A.MET, None, True), 1, ([1], True)),  # met on one paired run: to winner.min_rounds before the search stops
+    ((A.MET, None, True), 3, None),
+    ((A.NOT_MET, None, True), 1, None),  # not met: nothing for a target check to confirm
+])
+def test_a_target_check_runs_the_winner_for_its_verdict_only(verdict, winner_rounds, expected):
+    a = answer([(1, 0.40, winner_rounds, None), (2, 0.41, 0, None), (3, 0.42, 1, 1)], verdict=verdict)
+    r = race.next_round(a, RULE, 4, verdict_only=True)
+    assert (None if r is None else ([int(k[1:]) for k in r.configs], r.baseline)) == expected
