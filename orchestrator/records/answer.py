@@ -356,12 +356,12 @@ def decide(records: Sequence[TrialRecord], target: Any, rule: SettleRule = RULE)
     ties = [leader] + [c for c in by_figure[1:] if not gaps[c.key].apart]
     # A wide interval (few rounds, a noisy machine) can tie a config whose figure is far worse: the tie-break
     # only chooses among those practically equal to the leader by their figure.
-    band = [c for c in ties if c.ratio <= leader.ratio * (1 + rule.threshold)]
-    win = min(band, key=lambda c: (c.changed, c.peak_memory_bytes if c.peak_memory_bytes is not None else math.inf,
+    equal = [c for c in ties if c.ratio <= leader.ratio * (1 + rule.threshold)]
+    win = min(equal, key=lambda c: (c.changed, c.peak_memory_bytes if c.peak_memory_bytes is not None else math.inf,
                                    c.ratio, c.trial))
     ranked = (win, *[c for c in by_figure if c is not win])
     ties_t = (win, *[c for c in ties if c is not win])
-    verdict = _verdict(win, target, baseline_s, rule, model)
+    verdict = _verdict(win, target, baseline_s, rule)
     settled, why = _settled(ties_t, win, verdict, rule)
     baseline = next((c for c in figures if c.is_baseline), None)
     spread_of_tie = None
@@ -426,8 +426,7 @@ def _gap(c: ConfigFigure, leader: ConfigFigure, model: RoundModel | None, rule: 
     return Gap(math.exp(d), _around(d, half), common, apart, 0 if apart else None)
 
 
-def _verdict(win: ConfigFigure, target: Any, baseline_s: float | None, rule: SettleRule,
-             model: RoundModel | None) -> TargetVerdict:
+def _verdict(win: ConfigFigure, target: Any, baseline_s: float | None, rule: SettleRule) -> TargetVerdict:
     target_s = target.seconds(baseline_s)
     relative = target.kind == "relative"
     if target.kind == "none" or target_s is None:
