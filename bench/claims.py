@@ -192,7 +192,7 @@ def table(outcomes: list[Outcome], command: str, land: R.Landscape, wall: float,
         f"Landscape `{land.doc['space']}` ({len(land.rows)} configs), refined {str(ref.get('started_at', ''))[:16]} "
         f"UTC ({land.refined_rounds} rounds); strategy `{strategy}`, {len({o.seed for o in outcomes})} seeds, the "
         f"same search per seed for every rule and the same drawn rounds; target "
-        f"{land.cfg.target.describe()}; `winner.threshold` {rule.threshold:g}, `confidence` {rule.confidence:g}, "
+        f"{_target(land)}; `winner.threshold` {rule.threshold:g}, `confidence` {rule.confidence:g}, "
         f"`min_rounds` {rule.min_rounds}, `top_k` {rule.top_k}. The search measured the true best in "
         f"{_pct([o.measured_best for o in outcomes if o.rule == outcomes[0].rule])} of seeds.", "",
         "| rule | winner alone: claimed | right (goal >= 95%) | of the measured | tie: claimed | every member within "
@@ -229,3 +229,8 @@ def main(args: Any, land: R.Landscape, ranking: Any, argv: Sequence[str]) -> Non
     out.with_suffix(".json").write_text(json.dumps({"command": command, "outcomes": [dataclasses.asdict(o)
                                                                                      for o in outcomes]}, indent=1))
     print(text)
+
+
+def _target(land: R.Landscape) -> str:
+    t = land.cfg.target
+    return f"{t.relative_to_baseline:g} x the baseline" if t.kind == "relative" else t.describe()
