@@ -62,12 +62,12 @@ class SettleRule:
     """How the sweep settles its answer after the search (``winner:`` in a sweep file)."""
 
     top_k: int = 3
-    """Rivals of the leader a settling round runs once every config of the tie set has winner.min_rounds paired
-    runs: the nearest (by figure) that more rounds could still tell apart within the round budget; until then
-    every config of the tie set runs in every round."""
+    """Most rivals of the leader a settling round runs once every config of the tie set has its two paired runs:
+    the nearest (by figure) that more rounds could still tell apart within the round budget (orchestrator.sweep.race);
+    a config that joins the tie runs in every round until it has its two."""
     min_rounds: int = 3
-    """Paired runs the leader and every config still tied with it get before the tie set and the target verdict
-    are trusted: a config that joins the tie runs in the rounds until it has them, or until it is told apart."""
+    """Paired runs the leader (and a winner whose verdict is met) gets before the answer calls itself settled; every
+    other config of the tie set gets two, then races on only while more rounds could still tell it apart."""
     max_rounds: int = 4
     """Most settling rounds after the search (and in a target check during it); fewer run when no round can
     change the decision any more. 0: no settling, the answer is the search's own runs and the summary says it is

@@ -7,11 +7,12 @@ the answer again after the round. The rules follow racing as the literature on c
 
 - **Who races: the tie set.** Every config the answer cannot tell apart from the leader races; one told apart
   leaves (F-race, Birattari et al. 2002, drops a candidate as soon as a paired test over the instances seen so far
-  says it is worse than the best; here the test is the interval of its ratio to the leader in the rounds' model).
-  One that joins the tie later (the leader changed) races again.
-- **First rounds: every member.** Until each member of the tie set has ``winner.min_rounds`` paired runs, every
-  member still tied runs in every round, beside the leader, so none rests on its one search run (irace's first
-  test comes only after every candidate has run on ``firstTest`` instances, López-Ibáñez et al. 2016).
+  says it is worse than the best; here the test is the interval of its ratio to the leader over the rounds both
+  ran in). One that joins the tie later (the leader changed) races again.
+- **First rounds: every member.** Until each member of the tie set has ``MIN_COMMON_ROUNDS`` paired runs, it runs
+  in every round, beside the leader, so none rests on its one search run (irace's first test comes only after
+  every candidate has run on ``firstTest`` instances, López-Ibáñez et al. 2016). The leader runs until it has
+  ``winner.min_rounds``.
 - **Then: the leader and its nearest rivals.** A round runs the leader and at most ``winner.top_k`` rivals, the
   nearest by figure first, and only those more rounds could still tell apart within the round budget (at their
   ratio as it stands). Rounds go where they can change the decision: the leader against its strongest challengers,
@@ -19,9 +20,9 @@ the answer again after the round. The rules follow racing as the literature on c
   field, as successive halving spends a fixed budget on fewer arms per round (Karnin et al. 2013; Jamieson &
   Talwalkar 2016).
 - **The baseline only where it is needed.** It runs in a round while it has fewer than ``MIN_COMMON_ROUNDS`` rounds
-  (every ratio to it needs a paired anchor), when it is itself in the race, and when the rounds left can decide a
-  relative target's undecided verdict (the winner then runs too). Otherwise rivals are paired with the leader,
-  which runs in every round they run in.
+  (every ratio to it needs a paired anchor), when it is itself in the race, beside a config that would run alone,
+  and when the rounds left can decide a relative target's undecided verdict (the winner then runs too). Otherwise
+  rivals are paired with the leader, which runs in every round they run in.
 - **Stop when the decision cannot change.** No round when no member lacks its paired runs, no rival can be told
   apart within the rounds left, and the target verdict is decided or cannot be decided within them.
 """
