@@ -65,6 +65,15 @@ class Run:
     rounds: int = 0
     trials: int = 0
     baseline_spread: float | None = None
+    parts: dict = field(default_factory=dict)
+    """Where the sweep's wall time went (its summary's ``time_parts``, orchestrator.sweep.loop.time_parts)."""
+    load_before: list = field(default_factory=list)
+    """The machine's load averages (1, 5, 15 min, as ``uptime`` prints them) just before the sweep started."""
+    load_after: list = field(default_factory=list)
+    settling_runs: int = 0
+    baseline_settling_runs: int = 0
+    time_to_answer_s: float | None = None
+    """Seconds of the sweep's running time until the first config within 2% of the answer was measured."""
 
 
 def one_sweep(config: str, overrides: list[str], where: Path, neighbours: int) -> tuple[float, int, str]:
@@ -97,6 +106,11 @@ def judge(run: Run, results: Path, output: str) -> None:
     run.baseline_spread = answer.noise.baseline_spread
     run.load_median = answer.noise.load_median
     run.duty_cycle = summary.get("duty_cycle")
+    run.parts = summary.get("time_parts") or {}
+    run.settling_runs = sum(r.round is not None for r in records)
+    base = next((r.trial for r in records if r.kind is Kind.BASELINE), None)
+    run.baseline_settling_runs = sum(r.round is not None and r.trial == base for r in records)
+    run.time_to_answer_s = (summary.get("time_to_answer") or {}).get("seconds")
     rounds_s = sum(r.wall_s for r in records if r.round is not None)
     run.settling_share = rounds_s / run.wall_s if run.wall_s else None
     bad = run.contradictions
@@ -180,6 +194,7 @@ def table(runs: list[Run], cmd: str, neighbours: int) -> str:
         out.append(f"| {r.mode} | {r.index} | {r.rc} | {r.trials} | {r.rounds} | {r.winner_trial} | {len(r.ties)} | "
                    f"{r.verdict} | {_pct(r.baseline_spread)} | {r.wall_s:.0f} | {_pct(r.duty_cycle)} | "
                    f"{'; '.join(r.contradictions) or 0} |")
+    out += _parts_table(runs)
     winners = {}
     for r in runs:
         if r.winner:
@@ -187,6 +202,35 @@ def table(runs: list[Run], cmd: str, neighbours: int) -> str:
     out += ["", "Winner configs (params) and the runs that named them:", ""]
     out += [f"- `{k}`: {', '.join(v)}" for k, v in winners.items()]
     return "\n".join(out) + "\n"
+
+
+PARTS = (("start_s", "start (backend, Ray, worker group)"), ("search_updates_s", "search runs: training updates"),
+         ("search_overhead_s", "search runs: overhead (dispatch, build, process groups, transfer)"),
+         ("settling_updates_s", "settling runs: training updates"), ("settling_overhead_s", "settling runs: overhead"),
+         ("between_runs_s", "driver work between runs (judge, ledger, Optuna, sampler, MLflow hand-off)"),
+         ("flush_s", "MLflow backlog waited for at the end"))
+
+
+def _parts_table(runs: list[Run]) -> list[str]:
+    """Where the wall time went: the median over the runs of each part, in seconds and as a share of the wall."""
+    rs = [r for r in runs if r.parts]
+    if not rs:
+        return []
+    out = ["", "Where the time goes (median over the runs of each part; the sweep's `time_parts`):", "",
+           "| mode | part | seconds | share of wall |", "|---|---|---|---|"]
+    for mode in dict.fromkeys(r.mode for r in rs):
+        ms = [r for r in rs if r.mode == mode]
+        for key, label in PARTS:
+            secs = statistics.median(r.parts.get(key, 0.0) for r in ms)
+            share = statistics.median(r.parts.get(key, 0.0) / r.parts["wall_s"] for r in ms if r.parts.get("wall_s"))
+            out.append(f"| {mode} | {label} | {secs:.1f} | {share:.1%} |")
+        out.append(f"| {mode} | settling runs (baseline's among them), median | "
+                   f"{statistics.median(r.settling_runs for r in ms):.0f} "
+                   f"({statistics.median(r.baseline_settling_runs for r in ms):.0f}) | |")
+    loads = [f"{r.mode}{r.index}: {' '.join(f'{x:.2f}' for x in r.load_before)} -> "
+             f"{' '.join(f'{x:.2f}' for x in r.load_after)}" for r in runs if r.load_before]
+    out += ["", "Load averages (1, 5, 15 min) before -> after each sweep: " + "; ".join(loads)]
+    return out
 
 
 def main() -> None:
@@ -203,8 +247,9 @@ def main() -> None:
     for mode in args.modes.split(","):
         for i in range(1, args.runs + 1):
             where = Path(tempfile.mkdtemp(prefix=f"steptune-noise-{mode}{i}-")) / "results"
+            before = list(os.getloadavg())
             wall, rc, output = one_sweep(args.config, args.overrides, where, args.neighbours if mode == "noisy" else 0)
-            run = Run(mode, i, wall, rc)
+            run = Run(mode, i, wall, rc, load_before=before, load_after=list(os.getloadavg()))
             if rc == 0:
                 judge(run, where, output)
             else:

@@ -52,6 +52,7 @@ from orchestrator.plan import guided
 from orchestrator.records import answer as A
 from orchestrator.records.record import Metrics, ParityVerdict, TrialRecord  # noqa: E402
 from orchestrator.search.target import Target  # noqa: E402
+from orchestrator.sweep import race  # noqa: E402
 from orchestrator.sweep.config import SweepConfig, load_sweep  # noqa: E402
 from orchestrator.search.space import suggest  # noqa: E402
 
@@ -125,7 +126,32 @@ class Landscape:
         mine = self.refined.get(key, {})
         if rnd in mine:
             return mine[rnd] * self.rows[base]["median_s"] / level
+        if mine and rnd in self.refined[base]:
+            return self._refined_elsewhere(key, rnd, rng) * self.rows[base]["median_s"] / level
         return stored * self.refined[base].get(rnd, level) / level
+
+    def _refined_elsewhere(self, key: str, rnd: int, rng: random.Random) -> float:
+        """A run of a config refined in other rounds (the 24-round configs in a round past their 24th): its truth
+        times the round's level (what every config refined in that round shares) times one of its own residuals
+        (its run over truth x level in one of its rounds). Its paired ratio to the baseline of another round times
+        this round's baseline would carry that baseline's own deviation into every such config of the round at
+        once, and a stored run times the drift would pair with the baseline exactly."""
+        levels = self._round_levels()
+        mine = sorted(n for n in self.refined[key] if n in levels)
+        m = mine[rng.randrange(len(mine))]
+        return self.truth[key] * levels[rnd] * self.refined[key][m] / (self.truth[key] * levels[m])
+
+    def _round_levels(self) -> dict[int, float]:
+        """Refinement round -> the geometric mean over the configs refined in it of run / truth (seconds at the
+        baseline's scale): the machine's state in that round."""
+        if not hasattr(self, "_levels"):
+            per: dict[int, list[float]] = {}
+            for k, runs in self.refined.items():
+                for n, t in runs.items():
+                    if k in self.truth:
+                        per.setdefault(n, []).append(t / self.truth[k])
+            self._levels = {n: statistics.geometric_mean(v) for n, v in per.items()}
+        return self._levels
 
     @staticmethod
     def usable(row: dict) -> bool:
@@ -199,6 +225,19 @@ def make_sampler(strategy: str, land: Landscape, seed: int, lines: Callable[[], 
 def replay(strategy: str, land: Landscape, seed: int, cap: int, budget: int,
            ranking: guided.PlannerRanking | None = None, fracs: tuple[float, ...] = (0.02, 0.05)) -> SeedResult:
     """One replayed sweep: runs until a config within max(fracs) and the budget are both done, or ``cap``."""
+    reach, first, errs, rng, base = search(strategy, land, seed, cap, budget, ranking, fracs)
+    best_single = min(first, key=lambda k: min(first[k]))
+    ties, extra = declare(first, land, rng, base=base)
+    return SeedResult(strategy, seed, reach, land.within(best_single, 0.02),
+                      all(land.within(k, 0.02) for k in ties), extra, errs,
+                      all(land.within(k, 0.05) for k in ties), len(ties) > 1, land.within(ties[0], 0.02))
+
+
+def search(strategy: str, land: Landscape, seed: int, cap: int, budget: int,
+           ranking: guided.PlannerRanking | None = None, fracs: tuple[float, ...] = (0.02, 0.05)
+           ) -> tuple[dict[float, int | None], dict[str, list[float]], list[float], random.Random, str]:
+    """The search of one replayed sweep: (runs until a config within each of ``fracs``, the samples per config of
+    its first ``budget`` runs, the planner's |error| per run, the generator it drew with, the baseline's key)."""
     rng = random.Random(seed)
     lines: list[dict] = []
     sampler = make_sampler(strategy, land, seed, lambda: lines, ranking)
@@ -251,11 +290,7 @@ def replay(strategy: str, land: Landscape, seed: int, cap: int, budget: int,
             first = {k: list(v) for k, v in samples.items()}
     if len(history) < budget:
         first = samples
-    best_single = min(first, key=lambda k: min(first[k]))
-    ties, extra = declare(first, land, rng, base=land.key(base_params))
-    return SeedResult(strategy, seed, reach, land.within(best_single, 0.02),
-                      all(land.within(k, 0.02) for k in ties), extra, errs,
-                      all(land.within(k, 0.05) for k in ties), len(ties) > 1, land.within(ties[0], 0.02))
+    return reach, first, errs, rng, land.key(base_params)
 
 
 _T0 = __import__("datetime").datetime(2026, 1, 1, tzinfo=__import__("datetime").timezone.utc)
@@ -285,11 +320,12 @@ def declare(samples: dict[str, list[float]], land: Landscape, rng: random.Random
     extra, number = 0, 0
     while number < rule.max_rounds:
         answer = A.decide(records, Target(), rule)
-        if answer.settled:
+        plan = None if answer.settled else race.next_round(answer, rule, rule.max_rounds - number)
+        if plan is None:
             break
         number += 1
         rnd = rng.randrange(land.refined_rounds) if land.refined_rounds else None
-        for k in [base] + [land_key[c] for c in answer.contenders]:
+        for k in ([base] if plan.baseline else []) + [land_key[c] for c in plan.configs]:
             records.append(_record(keys.index(k), params[k], land.settling_sample(k, rnd, rng), k == base, number))
             extra += 1
     answer = A.decide(records, Target(), rule)
@@ -434,10 +470,21 @@ def main(argv: list[str] | None = None) -> None:
                     help="guided_profile: the cluster file (bench/slice_proof.py: netcal on this host)")
     ap.add_argument("--profile-calibration", default="bench/results/slice_proof_default_calibration.yaml",
                     help="guided_profile: the calibration file the planner starts from (bench/slice_proof.py)")
-    ap.add_argument("--out", default=str(ROOT / "bench/results/replay_default.md"))
+    ap.add_argument("--out", help="default: bench/results/replay_default.md (--claims: replay_claims.md)")
+    ap.add_argument("--claims", action="store_true",
+                    help="how often the settled answer's claims are true, per settling rule (bench/claims.py)")
+    ap.add_argument("--claims-rules", default=None, metavar="RULES",
+                    help="--claims: the rules, e.g. race,race@8,before,before@16 (default: bench/claims.py's)")
     args = ap.parse_args(argv)
     land = Landscape.load(args.landscape, args.set)
     ranking = ranking_for(land)
+    if args.claims:
+        import claims
+
+        args.out = args.out or str(ROOT / "bench/results/replay_claims.md")
+        args.claims_rules = args.claims_rules or claims.DEFAULT_RULES
+        return claims.main(args, land, ranking, sys.argv[1:] if argv is None else argv)
+    args.out = args.out or str(ROOT / "bench/results/replay_default.md")
     profiled = (ranking_for(land, ROOT / args.profile_cluster, ROOT / args.profile_calibration)
                 if "guided_profile" in args.strategies.split(",") else None)
     results: dict[str, list[SeedResult]] = {}

@@ -4,6 +4,7 @@
     steptune sweep --config FILE search.n_trials=30 target.step_time_s=9.3
     steptune sweep --dry-run                           # validate the sweep file, launch nothing
     steptune report [--sweep NAME]                     # the table again, from the ledger (default: most recent)
+    steptune settle [--sweep NAME] --rounds N          # N more settling rounds of a sweep's answer, no new trials
     steptune export [--sweep NAME] [--trial N] [--out DIR] [--force]
     steptune calibrate [--sweep NAME] [--cluster FILE]
     steptune profile --config FILE [--ranks N] [--layers L] [--shrink F] [--ray-address ADDR]
@@ -18,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from orchestrator.commands import steptune
+from orchestrator.commands import subcommand
 
 log = logging.getLogger("orchestrator.cli")
 
@@ -69,8 +69,7 @@ def pick_ledger(args: argparse.Namespace) -> Path:
 
 def next_command(name: str, sweep: str, results_dir: str | Path) -> str:
     """Subcommand ``name`` on sweep ``sweep``, spelled so that the shell this runs in can run it as printed."""
-    where = "" if str(results_dir) == "results" else f" --results-dir {shlex.quote(str(results_dir))}"
-    return f"{steptune()} {name} --sweep {shlex.quote(sweep)}{where}"
+    return subcommand(name, sweep, results_dir)
 
 
 # ---- the subcommands --------------------------------------------------------------------------------
@@ -90,13 +89,18 @@ def _sweep(args: argparse.Namespace) -> int:
         print(f"sweep {cfg.name!r} ({cfg.source}) is valid: {cfg.backend} backend, {len(cfg.space.names)} params "
               f"({', '.join(cfg.space.names)}), target {cfg.target.describe()}, budget {cfg.search.n_trials} trials")
         return EXIT_OK
+    return _run(cfg, None)
+
+
+def _run(cfg, rounds: int | None) -> int:
+    """Run (or settle further) the sweep, then print its table, its summary and the next steps."""
     from orchestrator.review import report
     from orchestrator.records.ledger import LedgerBusy
     from orchestrator.sweep.loop import SweepError, run_sweep
     from orchestrator.backends.workers import GroupStartError
 
     try:
-        summary, records = run_sweep(cfg)
+        summary, records = run_sweep(cfg, rounds)
     except (SweepError, GroupStartError, LedgerBusy) as e:
         log.error("%s", e)
         return EXIT_STOPPED
@@ -122,6 +126,22 @@ def _sweep(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _settle_args(p: argparse.ArgumentParser) -> None:
+    add_sweep_name(p)
+    add_results_dir(p)
+    p.add_argument("--rounds", type=int, required=True, metavar="N",
+                   help="most settling rounds to run (an undecided verdict's summary prints how many it needs)")
+
+
+def _settle(args: argparse.Namespace) -> int:
+    from orchestrator.sweep.config import load_saved_sweep_to_run
+
+    if args.rounds < 1:
+        raise ValueError(f"--rounds {args.rounds}: a whole number >= 1")
+    ledger = pick_ledger(args)
+    return _run(load_saved_sweep_to_run(ledger.parent, args.results_dir), args.rounds)
+
+
 def _report_args(p: argparse.ArgumentParser) -> None:
     add_sweep_name(p)
     add_results_dir(p)
@@ -141,7 +161,7 @@ def _report(args: argparse.Namespace) -> int:
     saved = load_saved_sweep(ledger.parent)  # the target and settling rule the sweep ran with
     answer = decide(records, saved.target if saved else parse_target(None), saved.winner if saved else RULE)
     summary = report.summarize(records, saved.target if saved else parse_target(None),
-                               saved.winner if saved else RULE, answer)
+                               saved.winner if saved else RULE, answer, (ledger.parent.name, args.results_dir))
     print(report.table(records, answer))
     print()
     print(report.summary_text(summary))
@@ -331,6 +351,12 @@ COMMANDS: list[Command] = [
             "target met, the budget is spent or the wall time is up; then the answer is settled in interleaved "
             "rounds. Rerun the same command to resume; a finished sweep prints its answer and runs nothing.",
             _sweep_args, _sweep),
+    Command("settle", "run more settling rounds of a sweep's answer (no new trials)",
+            "Race a sweep's answer further: up to --rounds more settling rounds of the configs the answer still "
+            "cannot tell apart and of the winner against its target, as the sweep's own rounds run them, then the "
+            "answer again. Reuses the sweep as it ran (its saved sweep.yaml, ledger and stores); no new trial is "
+            "asked, and a finished sweep stays finished. The summary of an undecided verdict prints this command "
+            "with the rounds it needs.", _settle_args, _settle),
     Command("report", "print a sweep's table and summary from its ledger",
             "Print the ranked table and the summary of a sweep again, from its ledger alone.", _report_args, _report),
     Command("export", "write a trial's config for the trainer and Megatron-LM",

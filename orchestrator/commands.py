@@ -45,3 +45,11 @@ def steptune() -> str:
 def mlflow() -> str:
     """``mlflow``, or ``.venv/bin/python -m mlflow`` where this shell would not find it."""
     return invocation("mlflow", "mlflow")
+
+
+def subcommand(name: str, sweep: str, results_dir: str | Path, *extra: str) -> str:
+    """``steptune NAME --sweep SWEEP [--results-dir DIR] [EXTRA ...]``, spelled so that this shell can run it as
+    printed (the results directory only when it is not the default ``results``)."""
+    where = "" if str(results_dir) == "results" else f" --results-dir {shlex.quote(str(results_dir))}"
+    tail = "".join(f" {shlex.quote(x)}" for x in extra)
+    return f"{steptune()} {name} --sweep {shlex.quote(sweep)}{where}{tail}"

@@ -316,8 +316,8 @@ def summary_markdown(record: TrialRecord, baseline: TrialRecord | None, config: 
 def _place_line(i: int, n: int, standing: A.ConfigFigure, answer: A.Answer | None = None) -> str:
     lo, hi = min(standing.runs), max(standing.runs)
     tie = answer is not None and answer.tie and any(c.key == standing.key for c in answer.ties)
-    paired = f", {standing.ratio:.3f} of the baseline paired over {len(standing.paired)} rounds" \
-        if standing.paired else ""
+    paired = f", {standing.ratio:.3f} of the baseline paired over {standing.rounds} rounds" \
+        if standing.rounds else ""
     return (f"- rank {i + 1} of {n} configs" + (" (the sweep's best)" if i == 0 else "") + f", by {standing.describe()}"
             + (f" [{lo * 1e3:.1f}, {hi * 1e3:.1f}] ms (the table below is this line's own run)"
                if len(standing.runs) > 1 else "") + paired

@@ -2,22 +2,30 @@
 
 The stop line, the summary, the table's rank 1 and ``*``, ``report``, ``export``'s default, MLflow's parent
 tags and description, each child's ``meets_target`` tag and the pictures' winner all read one ``Answer``; none
-of them decides anything of its own.
+of them decides anything of its own. What the next settling round runs is not decided here: that is the race
+(orchestrator.sweep.race), which reads the answer.
 
 How it decides (docs/search.md#one-answer):
 
 - **Runs.** A config's runs are its ok, parity-checked lines (baseline or trial, and the re-runs the sweep made
   of it). Its absolute figure is the median of its runs.
-- **Rounds and paired figures.** After the search the sweep settles the answer in rounds: each round runs the
-  baseline and every config still contending once, in a random order, on the same workers. A run in round
-  ``k`` gets a paired figure: its step time over the baseline's in round ``k``. Drift between rounds (a
-  neighbour starting, a GPU throttling) moves both and cancels. A config is ranked by the median of its paired
-  figures; one never run in a round, by its median over the baseline's median (unpaired, said so).
+- **Rounds and paired figures.** After the search the sweep settles the answer in rounds: each round runs some
+  configs once each, in a random order, on the same workers, so the runs of one round share the machine's state.
+  The rounds' runs are read through one additive model of log step times, log t = config effect + round level
+  + noise (a two-way layout with rounds as blocks, fitted by least squares; configs need not all run in every
+  round): drift between rounds (a neighbour starting, a GPU throttling) is the round level and cancels. A
+  config's figure is its effect over the baseline's, exp(effect), its time over the baseline's in the same
+  rounds (with every config in every round: the geometric mean of its per-round ratios). One never run in a
+  round: its median over the baseline's median (unpaired, said so).
+- **Intervals.** Student-t intervals from the model's pooled residual spread (``winner.confidence``): with the
+  3-4 rounds a sweep affords, a bootstrap of a handful of ratios spans too little and claims too much. A
+  config measured once (or before the model has a residual) is widened by the assumed spread.
 - **The baseline** a relative target scales is the median of all its runs, not one run.
 - **Tie set.** The leader (lowest figure) and every config it cannot be told apart from: for two configs with
-  ``MIN_COMMON_ROUNDS`` rounds in common, the bootstrap confidence interval of the geometric mean of their
-  per-round ratio; they differ when its lower end is above ``1 + threshold``. Fewer common rounds: their intervals
-  (min/max of their runs, or a single run widened by the assumed spread) overlap within the threshold.
+  ``MIN_COMMON_ROUNDS`` rounds in common, the interval of their ratio in the model; they differ when its lower
+  end is above ``1 + threshold``. Fewer common rounds: their intervals (min/max of their runs, or a single run
+  widened by the assumed spread) overlap within the threshold. ``band``: every member's upper end over the
+  lowest member's lower end, the most a tie member can be slower than the fastest of them.
 - **Winner.** Of the tie set's configs whose figure is within ``threshold`` of the leader's (practically equal
   by the point estimate, not merely not told apart by a noisy interval), by the tie-break the summary states:
   the fewest params changed from the baseline, then the lowest peak memory, then the lowest figure, then the
@@ -27,7 +35,8 @@ How it decides (docs/search.md#one-answer):
   interval is the one its prediction carries (``predicted_interval``: the fit's uncertainty or the corpus
   band), so a model-backend answer is judged by the same rule; no number of rounds decides a prediction.
 
-Deterministic: the bootstrap uses a fixed seed on sorted values, so the answer does not depend on ledger order.
+Deterministic: the model is a function of the set of runs, and the bootstrap (absolute targets) uses a fixed
+seed on sorted values, so the answer does not depend on ledger order.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from orchestrator.records.record import Kind, Status, TrialRecord
+from orchestrator.records.rounds import RoundModel, round_model
 
 MET, NOT_MET, UNDECIDED, NO_TARGET = "met", "not met", "undecided", "no target"
 
@@ -54,21 +64,23 @@ class SettleRule:
     """How the sweep settles its answer after the search (``winner:`` in a sweep file)."""
 
     top_k: int = 3
-    """Configs (the lowest figures, baseline aside) that enter the settling rounds; later rounds keep only those
-    that cannot yet be told apart from the leader, and the leader while the target verdict is undecided."""
+    """Most rivals of the leader a settling round runs once every config of the tie set has its two paired runs:
+    the nearest (by figure) that more rounds could still tell apart within the round budget (orchestrator.sweep.race);
+    a config that joins the tie runs in every round until it has its two."""
     min_rounds: int = 3
-    """Paired runs the leader and every config still tied with it get before the tie set and the target verdict
-    are trusted (with 3, a bootstrap interval of a median spans the middle of its three ratios); a contender
-    that its runs already tell apart from the leader leaves the rounds earlier."""
+    """Paired runs the leader (and a winner whose verdict is met) gets before the answer calls itself settled; every
+    other config of the tie set gets two, then races on only while more rounds could still tell it apart."""
     max_rounds: int = 4
-    """Most settling rounds after the search (and in a target check during it); 0: no settling, the answer is
-    the search's own runs and the summary says it is unsettled."""
+    """Most settling rounds after the search (and in a target check during it); fewer run when no round can
+    change the decision any more. 0: no settling, the answer is the search's own runs and the summary says it is
+    unsettled."""
     threshold: float = 0.01
     """Practical threshold: configs whose step times are within this fraction (0.01 = 1%) are a tie."""
     confidence: float = 0.9
-    """Confidence level of the bootstrap intervals (0.9: the 5th to 95th percentile of the resampled medians)."""
+    """Confidence level of the intervals (0.9: from the 5th to the 95th percentile; a config is told apart from
+    the leader when the lower end of their ratio's interval is above 1 + threshold)."""
     resamples: int = 2000
-    """Bootstrap resamples per interval."""
+    """Bootstrap resamples per interval of absolute runs (an absolute target's verdict)."""
     single_run_spread: float = 0.15
     """Relative spread ((max - min) / median) assumed for a config measured once, until three configs have
     several runs (then their median spread is used). 0.15: a 2-rank CPU trial re-measured went 41.6 -> 47.5 ms."""
@@ -110,10 +122,9 @@ def counts(r: TrialRecord) -> bool:
 
 
 def ci_ratio(values: Sequence[float], confidence: float, resamples: int) -> tuple[float, float]:
-    """Percentile bootstrap interval of the geometric mean of positive ratios (or times), as Criterion.rs
-    bootstraps its estimates; fixed seed on sorted input, so the order of the values does not matter. The
-    geometric mean, not the median: with the 3-4 rounds a sweep affords, a bootstrap of the median spans the
-    whole [min, max] and would call nearly everything a tie."""
+    """Percentile bootstrap interval of the geometric mean of positive values, as Criterion.rs bootstraps its
+    estimates; fixed seed on sorted input, so the order of the values does not matter. What an absolute target
+    judges the winner's runs by (their rounds are not paired with anything)."""
     v = np.log(np.sort(np.asarray(values, dtype=float)))
     if len(v) == 1:
         return float(np.exp(v[0])), float(np.exp(v[0]))
@@ -135,17 +146,23 @@ class ConfigFigure:
     by_round: Mapping[int, float]
     """Settling round -> this config's step time in it."""
     paired: tuple[float, ...]
-    """Per round it ran in: its step time over the baseline's in that round (the baseline's own: 1.0)."""
+    """Per round it ran in beside the baseline: its step time over the baseline's in that round (the baseline's
+    own: 1.0)."""
     ratio: float
-    """What it is ranked by: median of ``paired``; without any, median of runs / the baseline's median (or,
-    with no baseline, the median of runs)."""
+    """What it is ranked by: its time over the baseline's in the rounds' model (exp of its effect); without
+    rounds, median of runs / the baseline's median (or, with no baseline, the median of runs)."""
     interval: tuple[float, float]
-    """Interval of ``ratio`` (same units): bootstrap of the paired figures, else min/max of the runs, else one run
-    widened by the assumed spread; a prediction's is the point."""
+    """Interval of ``ratio`` (same units): the model's t interval, else min/max of the runs, else one run widened
+    by the assumed spread; a prediction's is the point."""
     peak_memory_bytes: float | None
     changed: int
     """Params that differ from the baseline's (the tie-break's first key)."""
     is_baseline: bool
+    rounds: int = 0
+    """Settling rounds it ran in beside another config (its paired runs)."""
+    unpaired: float = math.nan
+    """The median of its runs over the baseline's median (its figure as if no round had run): what a config that
+    never ran in a round is compared by."""
 
     @property
     def trial(self) -> int:
@@ -174,6 +191,23 @@ class ConfigFigure:
 
 
 @dataclass(frozen=True)
+class Gap:
+    """A config against the leader: its time over the leader's."""
+
+    ratio: float
+    interval: tuple[float, float]
+    rounds: int
+    """Settling rounds the two ran in together; below ``MIN_COMMON_ROUNDS`` the intervals of their own figures
+    judge them (unpaired)."""
+    apart: bool
+    """Told apart: the interval's lower end is above 1 + threshold (it is out of the tie set)."""
+    more_rounds: int | None
+    """Still tied: about how many more common rounds would tell it apart if its ratio held (the interval
+    shrinking as 1/sqrt(n)); None when none can (its ratio is within the threshold, or it never ran in a round
+    beside the leader and has no paired ratio yet). Apart: 0."""
+
+
+@dataclass(frozen=True)
 class TargetVerdict:
     state: str
     """met, not met, undecided, or no target."""
@@ -189,6 +223,8 @@ class TargetVerdict:
     level: float | None = None
     """The coverage a predicted winner's interval states (0.9 for a fit's uncertainty, 0.8 for the corpus band);
     None: the settle rule's confidence (measured runs)."""
+    relative: bool = False
+    """The target scales with the baseline: a round that would decide it runs the baseline beside the winner."""
 
 
 @dataclass(frozen=True)
@@ -205,6 +241,8 @@ class Noise:
     load_median: float | None
     """Median 1-minute load average sampled as each run finished (None: not sampled, older ledgers)."""
     load_max: float | None
+    round_spread: float | None = None
+    """The rounds' model's residual spread of a log step time (sd; None before it has a residual)."""
 
 
 @dataclass(frozen=True)
@@ -224,13 +262,17 @@ class Answer:
     noise: Noise
     rounds: int
     """Settling rounds in the ledger."""
-    contenders: tuple[str, ...]
-    """Keys (baseline aside) the next round would run beside the baseline; () when settled (or a round of the
-    baseline alone)."""
     settled: bool
-    """Nothing left for another round to decide."""
+    """Nothing left for another round to decide: one winner, every config with its paired runs, the target
+    verdict decided."""
     why_unsettled: str | None
     rule: SettleRule = field(repr=False, default=RULE)
+    gaps: Mapping[str, Gap] = field(repr=False, default_factory=dict)
+    """Config key -> its ratio to the leader (every ranked config but the leader)."""
+    band: float | None = None
+    """A tie: every member is at most this fraction slower than the fastest of them (the largest upper end of a
+    member's interval against the leader over the smallest lower end, the leader's own being 1); None without a
+    tie."""
 
     @property
     def tie(self) -> bool:
@@ -281,6 +323,8 @@ def decide(records: Sequence[TrialRecord], target: Any, rule: SettleRule = RULE)
     base_rounds = rounds.get(base_key, {}) if base_key else {}
     spread = _assumed_spread(runs, rule)
     base_params = base_rec.params if base_rec is not None else {}
+    model = round_model({k: rounds[k] for k in keys if k in rounds}, base_key if base_key in named else None,
+                        rule.single_run_spread / 2)
 
     figures = []
     for k in keys:
@@ -290,40 +334,52 @@ def decide(records: Sequence[TrialRecord], target: Any, rule: SettleRule = RULE)
         if k == base_key:
             paired = tuple(1.0 for _ in paired)
         scale = baseline_s or 1.0
+        fitted = model is not None and k in model.effect and k != base_key
         if k == base_key and baseline_s:
             ratio, interval = 1.0, _runs_interval([t / baseline_s for t in runs[k]], spread, rec.predicted)
-        elif paired:
-            ratio = statistics.median(paired)
-            interval = ci_ratio(paired, rule.confidence, rule.resamples) if len(paired) > 1 else \
-                _runs_interval(paired, spread, rec.predicted)
+        elif fitted:
+            ratio = math.exp(model.effect[k])
+            interval = _around(model.effect[k], model.half_width(model.se(k), rule.confidence))
         else:
             ratio = statistics.median(runs[k]) / scale
             interval = _runs_interval([t / scale for t in runs[k]], spread, rec.predicted)
         changed = sum(1 for p in set(rec.params) | set(base_params) if rec.params.get(p) != base_params.get(p))
+        n_rounds = len(model.rounds[k]) if model is not None and k in model.rounds else 0
+        unpaired = statistics.median(runs[k]) / scale
         figures.append(ConfigFigure(rec, k, tuple(runs[k]), dict(mine), paired, ratio, interval,
-                                    memory.get(k), changed, k == base_key))
+                                    memory.get(k), changed, k == base_key, n_rounds, unpaired))
     by_figure = sorted(figures, key=lambda c: (c.ratio, c.trial))
-    n_rounds = len(base_rounds)
-    noise = _noise(records, figures, base_runs)
+    n_rounds = len({n for v in rounds.values() for n in v})
+    noise = _noise(records, figures, base_runs, model)
     if not by_figure:
         verdict = TargetVerdict(NO_TARGET if target.kind == "none" else UNDECIDED, target.seconds(baseline_s),
-                                None, None, False)
-        return Answer((), None, None, (), None, baseline_s, verdict, noise, n_rounds, (), True,
+                                None, None, False, relative=target.kind == "relative")
+        return Answer((), None, None, (), None, baseline_s, verdict, noise, n_rounds, True,
                       "no config ran ok and passed parity", rule)
     leader = by_figure[0]
-    ties = [leader] + [c for c in by_figure[1:] if not _differs(c, leader, rule)]
+    gaps = {c.key: _gap(c, leader, model, rule, spread / 2) for c in by_figure[1:]}
+    ties = [leader] + [c for c in by_figure[1:] if not gaps[c.key].apart]
     # A wide interval (few rounds, a noisy machine) can tie a config whose figure is far worse: the tie-break
     # only chooses among those practically equal to the leader by their figure.
-    band = [c for c in ties if c.ratio <= leader.ratio * (1 + rule.threshold)]
-    win = min(band, key=lambda c: (c.changed, c.peak_memory_bytes if c.peak_memory_bytes is not None else math.inf,
+    equal = [c for c in ties if c.ratio <= leader.ratio * (1 + rule.threshold)]
+    win = min(equal, key=lambda c: (c.changed, c.peak_memory_bytes if c.peak_memory_bytes is not None else math.inf,
                                    c.ratio, c.trial))
     ranked = (win, *[c for c in by_figure if c is not win])
     ties_t = (win, *[c for c in ties if c is not win])
     verdict = _verdict(win, target, baseline_s, rule)
-    contenders, settled, why = _settling(by_figure, ties_t, win, verdict, rule)
+    settled, why = _settled(ties_t, win, verdict, rule)
     baseline = next((c for c in figures if c.is_baseline), None)
-    return Answer(ranked, win, leader, ties_t, baseline, baseline_s, verdict, noise, n_rounds, contenders, settled,
-                  why, rule)
+    spread_of_tie = None
+    if len(ties) > 1:
+        his = [1.0] + [gaps[c.key].interval[1] for c in ties[1:]]
+        los = [1.0] + [gaps[c.key].interval[0] for c in ties[1:]]
+        spread_of_tie = max(his) / min(los) - 1
+    return Answer(ranked, win, leader, ties_t, baseline, baseline_s, verdict, noise, n_rounds, settled, why,
+                  rule, gaps, spread_of_tie)
+
+
+def _around(log_value: float, half: float) -> tuple[float, float]:
+    return math.exp(log_value - half), math.exp(log_value + half)
 
 
 def _assumed_spread(runs: Mapping[str, Sequence[float]], rule: SettleRule) -> float:
@@ -340,15 +396,39 @@ def _runs_interval(values: Sequence[float], spread: float, predicted: bool) -> t
     return values[0] * (1 - spread / 2), values[0] * (1 + spread / 2)
 
 
-def _differs(c: ConfigFigure, leader: ConfigFigure, rule: SettleRule) -> bool:
-    """Whether ``c`` is told apart from (slower than) the leader by more than the practical threshold."""
+def _more(n: int, log_gap: float, half: float) -> int | None:
+    """More rounds (beyond ``n``) until an interval of half-width ``half`` at ``n`` rounds, shrinking as
+    1/sqrt(n), clears a gap of ``log_gap``; None when no number can (no gap)."""
+    if log_gap <= 0:
+        return None
+    return max(1, math.ceil(n * (half / log_gap) ** 2) - n)
+
+
+def _gap(c: ConfigFigure, leader: ConfigFigure, model: RoundModel | None, rule: SettleRule, run_sd: float) -> Gap:
+    """``c`` against the leader: paired, in the rounds' model, when both ran in rounds (told apart only after
+    ``MIN_COMMON_ROUNDS`` rounds in common); else unpaired, by the medians of their runs, each run off by the
+    assumed spread."""
+    limit = math.log1p(rule.threshold)
     if c.predicted and leader.predicted:
-        return c.ratio > leader.ratio  # a prediction repeats exactly: only an equal one ties
-    common = sorted(set(c.by_round) & set(leader.by_round))
-    if len(common) >= MIN_COMMON_ROUNDS:
-        lo, _ = ci_ratio([c.by_round[n] / leader.by_round[n] for n in common], rule.confidence, rule.resamples)
-        return lo > 1 + rule.threshold
-    return c.interval[0] > leader.interval[1] * (1 + rule.threshold)
+        r = c.ratio / leader.ratio  # a prediction repeats exactly: only an equal one ties
+        return Gap(r, (r, r), 0, c.ratio > leader.ratio, 0 if c.ratio > leader.ratio else None)
+    both = model is not None and c.key in model.rounds and leader.key in model.rounds
+    common = model.common(c.key, leader.key) if both else 0
+    if common:
+        # Paired over the rounds both ran in, as F-race compares candidates over the instances both have seen: a
+        # round the leader ran in alone moves its own figure, not this comparison. Told apart only over
+        # MIN_COMMON_ROUNDS rounds at least (irace's first test comes after its first instances).
+        d, se = model.paired(c.key, leader.key)
+        half = model.half_width(se, rule.confidence)
+        apart = d - half > limit and common >= MIN_COMMON_ROUNDS
+        return Gap(math.exp(d), _around(d, half), common, apart, 0 if apart else _more(common, d - limit, half))
+    # Not both in the rounds: their runs alone, unpaired, each run off by the assumed spread (``run_sd``, log units)
+    # whatever round it ran in; a config measured once leaves the tie only when even that cannot bridge the gap.
+    d = math.log(c.unpaired / leader.unpaired)
+    se = run_sd * math.sqrt(1 / len(c.runs) + 1 / len(leader.runs))
+    half = statistics.NormalDist().inv_cdf((1 + rule.confidence) / 2) * se
+    apart = c.unpaired * math.exp(-half) > leader.unpaired * (1 + rule.threshold)
+    return Gap(math.exp(d), _around(d, half), common, apart, 0 if apart else None)
 
 
 def interval_state(low: float, high: float, target_s: float) -> str:
@@ -381,16 +461,20 @@ BAND_LEVEL = 0.8
 
 def _verdict(win: ConfigFigure, target: Any, baseline_s: float | None, rule: SettleRule) -> TargetVerdict:
     target_s = target.seconds(baseline_s)
+    relative = target.kind == "relative"
     if target.kind == "none" or target_s is None:
-        return TargetVerdict(NO_TARGET if target.kind == "none" else UNDECIDED, target_s, None, None, False)
-    paired = target.kind == "relative" and bool(win.paired) and baseline_s is not None
+        return TargetVerdict(NO_TARGET if target.kind == "none" else UNDECIDED, target_s, None, None, False,
+                             relative=relative)
+    # Paired: the winner's figure comes from the rounds (its model ratio, or the baseline's own rounds).
+    paired = relative and baseline_s is not None and (win.rounds > 0 if not win.is_baseline else bool(win.paired))
     if paired:
         lo, hi = (x * baseline_s for x in win.interval)
-        point, n = win.ratio * baseline_s, len(win.paired)
+        point = win.ratio * baseline_s
+        n = win.rounds if not win.is_baseline else len(win.paired)
     elif win.predicted:
         point = win.step_time_s
         lo, hi, level = predicted_interval(win.record) or (point, point, None)
-        return TargetVerdict(interval_state(lo, hi, target_s), target_s, (lo, hi), None, False, level)
+        return TargetVerdict(interval_state(lo, hi, target_s), target_s, (lo, hi), None, False, level, relative)
     else:
         vals = list(win.runs)
         lo, hi = ci_ratio(vals, rule.confidence, rule.resamples) if len(vals) > 1 else \
@@ -398,50 +482,32 @@ def _verdict(win: ConfigFigure, target: Any, baseline_s: float | None, rule: Set
         point, n = statistics.median(vals), len(vals)
     state = interval_state(lo, hi, target_s)
     if state != UNDECIDED:
-        return TargetVerdict(state, target_s, (lo, hi), None, paired)
+        return TargetVerdict(state, target_s, (lo, hi), None, paired, relative=relative)
     gap, half = abs(point - target_s), (hi - lo) / 2
     more = None if gap <= 0 or win.predicted else max(1, math.ceil(n * (half / gap) ** 2) - n)
-    return TargetVerdict(UNDECIDED, target_s, (lo, hi), more, paired)
+    return TargetVerdict(UNDECIDED, target_s, (lo, hi), more, paired, relative=relative)
 
 
-def _settling(by_figure: Sequence[ConfigFigure], ties: Sequence[ConfigFigure], win: ConfigFigure,
-              verdict: TargetVerdict, rule: SettleRule) -> tuple[tuple[str, ...], bool, str | None]:
-    """(the keys, baseline aside, that the next round runs beside the baseline; settled; why not settled).
-
-    Until every candidate (the tie set's first ``top_k`` and the leader) has ``min_rounds`` paired runs, they all
-    run in each round, so every pair of them shares rounds; after that only a tie set (to separate it) and an
-    undecided winner (to decide the target) go on. A round may hold the baseline alone: when it is the winner
-    and its own verdict is undecided."""
+def _settled(ties: Sequence[ConfigFigure], win: ConfigFigure, verdict: TargetVerdict,
+             rule: SettleRule) -> tuple[bool, str | None]:
+    """(settled, why not): one winner, every config of the tie set (baseline aside) with ``min_rounds`` paired
+    runs, and a decided target verdict."""
     if win.predicted:
-        return (), True, None
-    undecided = verdict.state == UNDECIDED
-    # A config that entered the rounds stays until it has min_rounds paired runs: one or two noisy rounds must not
-    # drop the truly best config on the strength of an assumed spread.
-    started = [c for c in by_figure if 0 < len(c.paired) < rule.min_rounds]
-    cands = [c for c in [*ties[:rule.top_k], by_figure[0], *started] if not c.is_baseline]
-    cands = [c for i, c in enumerate(cands) if c not in cands[:i]]
-    short = [c for c in cands if len(c.paired) < rule.min_rounds]
-    if short:
-        todo = cands
-    else:
-        todo = [c for c in ties if not c.is_baseline] if len(ties) > 1 else []
-        if undecided and not win.is_baseline and win not in todo:
-            todo.append(win)
-    alone = undecided and win.is_baseline and not todo
-    if not todo and not alone:
-        return (), True, None
+        return True, None
+    short = [c for c in ties if not c.is_baseline and c.rounds < rule.min_rounds]
     what = []
     if short:
         what.append(f"trials {', '.join(str(c.trial) for c in short)} have fewer than winner.min_rounds="
                     f"{rule.min_rounds} paired runs")
     if len(ties) > 1:
         what.append(f"trials {', '.join(str(c.trial) for c in ties)} cannot be told apart")
-    if undecided:
+    if verdict.state == UNDECIDED:
         what.append("the target verdict is undecided")
-    return tuple(c.key for c in todo), False, "; ".join(what) or None
+    return not what, "; ".join(what) or None
 
 
-def _noise(records: Sequence[TrialRecord], figures: Sequence[ConfigFigure], base_runs: Sequence[float]) -> Noise:
+def _noise(records: Sequence[TrialRecord], figures: Sequence[ConfigFigure], base_runs: Sequence[float],
+           model: RoundModel | None) -> Noise:
     def spread(v: Sequence[float]) -> float | None:
         return (max(v) - min(v)) / statistics.median(v) if len(v) > 1 else None
 
@@ -450,4 +516,5 @@ def _noise(records: Sequence[TrialRecord], figures: Sequence[ConfigFigure], base
     loads = [r.load_1m for r in records if r.load_1m is not None]
     return Noise(len(base_runs), spread(base_runs), statistics.median(again) if again else None,
                  statistics.median(paired) if paired else None,
-                 statistics.median(loads) if loads else None, max(loads) if loads else None)
+                 statistics.median(loads) if loads else None, max(loads) if loads else None,
+                 model.sigma if model is not None else None)

@@ -16,6 +16,7 @@ from orchestrator.plan.verdict import verdict, verdict_lines
 from orchestrator.records import answer as A
 from orchestrator.plan.prefilter import prefilter_summary, prefilter_summary_text
 from orchestrator.records.record import Kind, Status, TrialRecord
+from orchestrator.commands import subcommand
 from orchestrator.search.target import Target
 from orchestrator.units import fmt_bytes
 
@@ -86,7 +87,7 @@ def table(records: list[TrialRecord], answer: A.Answer | None = None, limit: int
         if model:
             cols = [secs(s.step_time_s if s else m.step_time_s, pred)]
         else:
-            paired = f"{s.ratio:.3f}" + (f" ({len(s.paired)}p)" if s.paired else "") if s else "-"
+            paired = f"{s.ratio:.3f}" + (f" ({s.rounds}p)" if s.rounds else "") if s else "-"
             cols = [paired, f"{secs(s.step_time_s)} ({len(s.runs)})" if s else "-", secs(m.step_time_s)]
         rank = (str(place[s.key] + 1) + ("=" if s.key in ties else "")) if s else "-"
         body.append([rank, str(r.trial), r.kind.value, *cols,
@@ -100,9 +101,9 @@ def table(records: list[TrialRecord], answer: A.Answer | None = None, limit: int
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in body]
     lines.append(("ranked by the prediction; ~ predicted by the planner, not measured" if model else
-                  "rank 1 is the answer; then by vs baseline: the median of the config's step time over the "
-                  "baseline's in the same settling round (Np: N paired rounds; without any, its median run over "
-                  "the baseline's median); median (runs): its absolute median; this run: the trial's own")
+                  "rank 1 is the answer; then by vs baseline: the config's step time over the baseline's, "
+                  "paired in the settling rounds (Np: N paired rounds; without any, its median run over the "
+                  "baseline's median); median (runs): its absolute median; this run: the trial's own")
                  + "\n* meets the target by that figure" + ("; = tied with rank 1 (cannot be told apart)"
                                                             if ties else ""))
     return "\n".join(lines)
@@ -120,13 +121,13 @@ def answer_dict(answer: A.Answer) -> dict[str, Any]:
     def one(c: A.ConfigFigure) -> dict[str, Any]:
         return {"trial": c.trial, "kind": c.record.kind.value, "params": c.params, "step_time_s": c.step_time_s,
                 "runs": len(c.runs), "interval_s": [min(c.runs), max(c.runs)], "ratio": c.ratio,
-                "ratio_interval": list(c.interval), "paired_runs": len(c.paired), "predicted": c.predicted,
+                "ratio_interval": list(c.interval), "paired_runs": c.rounds, "predicted": c.predicted,
                 "describe": c.describe(), "peak_memory_bytes": c.peak_memory_bytes, "changed": c.changed}
     t, n = answer.target, answer.noise
     return {
         "winner": one(answer.winner) if answer.winner else None,
         "leader_trial": answer.leader.trial if answer.leader else None,
-        "ties": [one(c) for c in answer.ties], "tie": answer.tie, "tie_break": A.TIE_BREAK,
+        "ties": [one(c) for c in answer.ties], "tie": answer.tie, "tie_break": A.TIE_BREAK, "band": answer.band,
         "threshold": answer.rule.threshold, "confidence": answer.rule.confidence,
         "target": {"state": t.state, "target_s": t.target_s, "interval_s": list(t.interval_s) if t.interval_s else None,
                    "more_rounds": t.more_rounds, "paired": t.paired, "level": t.level},
@@ -136,11 +137,12 @@ def answer_dict(answer: A.Answer) -> dict[str, Any]:
 
 
 def summarize(records: list[TrialRecord], target: Target, rule: A.SettleRule = A.RULE,
-              answer: A.Answer | None = None) -> dict[str, Any]:
+              answer: A.Answer | None = None, where: tuple[str, Any] | None = None) -> dict[str, Any]:
     """The sweep's outcome as a plain, JSON-able dict (MLflow's summary.json and ``summary_text`` read it).
 
     Every verdict in it is the answer's (orchestrator.records.answer.decide): ``best`` is its winner, the
-    target verdict its verdict."""
+    target verdict its verdict. ``where``: (the sweep's name, its results directory), for the command that
+    settles an undecided verdict further (``settle_command``)."""
     answer = answer or A.decide(records, target, rule)
     base = Q.baseline_of(records)
     base_s = answer.baseline_s
@@ -179,7 +181,17 @@ def summarize(records: list[TrialRecord], target: Target, rule: A.SettleRule = A
         "breakdowns": _breakdowns(records, target_s, top_record) if rows and rows[0].predicted else [],
         "verdict": verdict(records, target_s),
         "time_to_answer": time_to_answer(records, answer=answer),
+        "settle_command": settle_command(answer, *where) if where else None,
     }
+
+
+def settle_command(answer: A.Answer, sweep: str, results_dir: Any) -> str | None:
+    """``steptune settle --sweep NAME --rounds N``: the rounds an undecided target verdict needs, on the same sweep
+    (no new trials); None when the verdict is decided, or when no number of rounds can decide it."""
+    t = answer.target
+    if t.state != A.UNDECIDED or not t.more_rounds or answer.winner is None or answer.winner.predicted:
+        return None
+    return subcommand("settle", sweep, results_dir, "--rounds", str(t.more_rounds))
 
 
 def time_to_answer(records: list[TrialRecord], sessions: list | None = None, within: float = 0.02,
@@ -278,9 +290,10 @@ def answer_lines(s: dict[str, Any]) -> list[str]:
                + f"  [{short_params(best['params'])}]")
     if a["tie"]:
         others = ", ".join(f"trial {t['trial']} ({t['ratio']:.3f})" for t in a["ties"][1:])
-        out.append(f"  a tie: {others} cannot be told apart from it (the {a['confidence']:.0%} bootstrap interval "
-                   f"of their paired ratio reaches within {a['threshold']:.0%}); picked by the tie-break: "
-                   f"{a['tie_break']}")
+        band = f"; all within +{a['band']:.0%} of the fastest of them" if a.get("band") is not None else ""
+        out.append(f"  a tie: {others} cannot be told apart from it (the {a['confidence']:.0%} interval of their "
+                   f"paired ratio to the leader reaches within {a['threshold']:.0%}){band}; picked by the "
+                   f"tie-break: {a['tie_break']}")
     elif a["leader_trial"] is not None and a["leader_trial"] != best["trial"]:
         out.append(f"  (lowest figure: trial {a['leader_trial']})")
     if a["rounds"]:
@@ -308,6 +321,8 @@ def answer_lines(s: dict[str, Any]) -> list[str]:
                  "cluster to narrow it" if pred else "; its figure sits on the target, more rounds cannot decide it")
             out.append(f"target undecided: trial {best['trial']}, {_figure(best, interval=False)} against "
                        f"{tgt}{within}{more}")
+            if s.get("settle_command"):
+                out.append(f"  to decide it, run those rounds on this sweep (no new trials): {s['settle_command']}")
     n = a["noise"]
     if not pred and n["baseline_runs"]:
         load = f"; load (1 min) while measuring: median {n['load_median']:.1f}, max {n['load_max']:.1f}" \
@@ -374,6 +389,12 @@ def summary_text(s: dict[str, Any]) -> str:
                    + (f"; MLflow logging in the driver's own time {s['mirror_inline_s']:.1f} s"
                       if s.get("mirror_inline_s") else "")
                    + duty)
+        t = s.get("time_parts")
+        if t and t.get("wall_s"):
+            out.append(f"  where the wall went: start {t['start_s']:.1f} s, training updates {t['search_updates_s']:.1f} s "
+                       f"(search) + {t['settling_updates_s']:.1f} s (settling), runs' overhead "
+                       f"{t['search_overhead_s'] + t['settling_overhead_s']:.1f} s, driver between runs "
+                       f"{t['between_runs_s']:.1f} s, MLflow backlog at the end {t['flush_s']:.1f} s")
     p = s["pruning"]
     if p["pruned"] or p["probe_cost_s"]:
         out.append(f"pruning: {p['pruned']} trial(s) stopped after their probe, "

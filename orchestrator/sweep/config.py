@@ -325,6 +325,19 @@ def load_saved_sweep(results_dir: str | Path) -> SweepConfig | None:
         raise ValueError(f"{path}: {e} (the sweep config saved by the driver; was it edited by hand?)") from None
 
 
+def load_saved_sweep_to_run(sweep_dir: str | Path, results_dir: str | Path) -> SweepConfig:
+    """The config a sweep's driver saved, to run again (``steptune settle``): as ``load_saved_sweep``, with
+    ``storage.results_dir`` where its ledger was found (the saved one may be relative to another directory), and
+    checked against the trainer like a sweep file."""
+    cfg = load_saved_sweep(sweep_dir)
+    if cfg is None:
+        raise ValueError(f"{Path(sweep_dir) / 'sweep.yaml'}: not found; only a sweep run by this version's driver "
+                         f"(which saves it beside the ledger) can be settled further")
+    cfg = dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, results_dir=str(results_dir)))
+    object.__setattr__(cfg, "built", check_sweep(cfg))
+    return cfg
+
+
 LEGACY_WINNER = {"min_runs": "winner.min_rounds", "max_repeats": "winner.max_rounds"}
 """Fields of the old re-measurement rule and what replaced them."""
 

@@ -61,6 +61,7 @@ class Recorder:
         self.progress = progress
         self.records = records
         """The ledger's records, read before the study was opened; each finished job's is appended."""
+        self._answer: tuple[tuple, A.Answer] | None = None
         self.best_trial: int | None = None
         """The answer last mirrored to MLflow's parent (its tags and ``best_step_time_s``)."""
         self.bookkeeping: list[float] = []
@@ -73,8 +74,12 @@ class Recorder:
         without waiting for them; flushed before the sweep's wall time is taken and before its summary."""
 
     def answer(self) -> A.Answer:
-        """The answer of the records so far (orchestrator.records.answer)."""
-        return A.decide(self.records, self.cfg.target, self.cfg.winner)
+        """The answer of the records so far (orchestrator.records.answer), decided once per new record: the loop
+        asks for it several times between two runs, and each ask is driver time the ranks wait through."""
+        seen = (len(self.records), id(self.records[-1]) if self.records else None)
+        if self._answer is None or self._answer[0] != seen:
+            self._answer = (seen, A.decide(self.records, self.cfg.target, self.cfg.winner))
+        return self._answer[1]
 
     @property
     def baseline_s(self) -> float | None:

@@ -7,10 +7,11 @@ differs between real trials and predictions is the backend's (orchestrator.backe
 A trial is a generator of runs (a probe, then the full measurement), so several trials can be in flight on
 several worker groups while the loop waits on whichever finishes first.
 
-Settling (orchestrator.records.answer): once the search is over, and whenever a trial's own run meets the
-target during it, the loop runs rounds: the baseline and every config the answer still calls a contender, once
-each, in a random order. The answer is decided from the ledger after every round; a target stops the search
-only when the answer after settling says "met".
+Settling (orchestrator.records.answer decides, orchestrator.sweep.race plans): once the search is over, and
+whenever a trial's own run meets the target during it, the loop runs rounds: the configs the race names (and the
+baseline where it is needed), once each, in a random order. The answer is decided from the ledger after every
+round; a target stops the search only when the answer after settling says "met". ``steptune settle`` runs more
+rounds of a sweep's answer without new trials (``run_sweep(cfg, rounds)``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from orchestrator.backends import RunOutcome
 from orchestrator.records.ledger import Ledger
 from orchestrator.records.record import Kind, TrialRecord
 from orchestrator.search.space import suggest
-from orchestrator.sweep import timeouts
+from orchestrator.sweep import race, timeouts
 from orchestrator.sweep.judge import Job, Recorder
 from orchestrator.sweep.study import SweepError, SweepStudy
 from orchestrator.sweep.finished import Finished
@@ -53,7 +54,8 @@ REUSABLE = ("ok", "infeasible", "pruned", "oom", "nan")
 
 
 class Sweep:
-    def __init__(self, cfg: Any, backend: Any = None):
+    def __init__(self, cfg: Any, backend: Any = None, rounds: int | None = None):
+        """``rounds``: settle only (``steptune settle --rounds N``): no new trials, at most that many rounds."""
         self.cfg = cfg
         self.backend = backend or cfg.built or backends.build(cfg)
         """Built once (by load_sweep's check, normally) and used as is."""
@@ -76,6 +78,11 @@ class Sweep:
         """An episode of settling rounds in progress: "target" (a trial's run met the target) or "final"."""
         self.episode_rounds = 0
         self.final_done = False
+        self.round_budget = cfg.winner.max_rounds if rounds is None else rounds
+        """Settling rounds an episode may run: winner.max_rounds, or what ``steptune settle --rounds`` asks."""
+        self.settle_only = rounds is not None
+        if self.settle_only:
+            self.stop_reason = f"settling only (steptune settle --rounds {rounds}): no new trials"
 
     @property
     def records(self) -> list[TrialRecord]:
@@ -94,7 +101,7 @@ class Sweep:
         return self.cfg.target.seconds(self.baseline_s)
 
     def answer(self) -> A.Answer:
-        return A.decide(self.records, self.cfg.target, self.cfg.winner)
+        return self.recorder.answer()
 
     def recover(self) -> None:
         """Resume: the dead driver's RUNNING trials, a missing baseline, the parity anchor."""
@@ -115,24 +122,32 @@ class Sweep:
         n0 = len(self.records)
         runner = self.start()
         startup = time.perf_counter() - t0
+        rounds0 = len({r.round for r in self.records if r.round is not None})
         log.info(f"sweep {self.cfg.name}: {self.backend.name} backend on {runner.where if runner else '-'}; "
                  f"target {self.cfg.target.describe(self.baseline_s)}")
         self.drive(runner, t0)
+        t_flush = time.perf_counter()
         self.recorder.flush_tracking()  # a backlog the MLflow mirror still holds is this run's time too
         wall = time.perf_counter() - t0
         answer = self.answer()
-        summary = report.summarize(self.records, self.cfg.target, self.cfg.winner, answer)
+        summary = report.summarize(self.records, self.cfg.target, self.cfg.winner, answer,
+                                   (self.cfg.name, self.cfg.storage.results_dir))
         book = self.recorder.bookkeeping
         # Duty cycle: seconds inside training updates (a run's wall less its overhead) over this run's wall.
         in_updates = sum(r.wall_s - r.overhead_s for r in self.records[n0:] if r.overhead_s is not None)
-        summary.update(stopped_because=report.stop_line(self.stop_reason or "the trial budget is spent",
-                                                        self.target_stop, answer),
+        reason = self.stop_reason or "the trial budget is spent"
+        if self.settle_only:
+            ran = len({r.round for r in self.records if r.round is not None}) - rounds0
+            reason += f"; {ran} round(s) ran" + ("" if ran == self.round_budget else
+                                                  " (no further round could change the answer)")
+        summary.update(stopped_because=report.stop_line(reason, self.target_stop, answer),
                        startup_s=startup, parity_shared_with_canonical=list(self.gate.shared),
                        mlflow_ui=self.recorder.tracker.open_hint(self.cfg.name) if self.recorder.tracker else None,
                        group_builds=runner.builds if runner else 0, sweep_wall_s=wall,
                        bookkeeping_median_s=statistics.median(book) if book else None,
                        mirror_inline_s=self.recorder.mirror.inline_s if self.recorder.mirror else None,
-                       duty_cycle=in_updates / wall if wall > 0 and self.backend.confirms else None)
+                       duty_cycle=in_updates / wall if wall > 0 and self.backend.confirms else None,
+                       time_parts=time_parts(self.records[n0:], wall, startup, wall - (t_flush - t0)))
         self.recorder.end_tracking("finish_sweep", summary, self.study.study, report.table(self.records, answer),
                                    report.by_trial(self.records, answer))
         return summary
@@ -144,8 +159,8 @@ class Sweep:
         answer = self.answer()
         if answer.rounds and answer.target.state == A.MET:
             self.target_stop = self.study.finished()
-        elif self.backend.confirms and not answer.settled and self.cfg.winner.max_rounds > 0 and any(
-                r.meets_target for r in Q.measured(self.records)):
+        elif not self.settle_only and self.backend.confirms and not answer.settled and self.cfg.winner.max_rounds > 0 \
+                and any(r.meets_target for r in Q.measured(self.records)):
             self.settling = "target"
         return self.backend.runner()
 
@@ -330,26 +345,26 @@ class Sweep:
     # ---- settling rounds ----------------------------------------------------------------------
 
     def _next_round(self) -> Job | None:
-        """The first run of the next settling round (the rest queued), or None when the answer needs no more
-        rounds or the episode's winner.max_rounds are spent. Derived from the ledger alone, so a resumed sweep
-        goes on where the dead one stopped."""
-        if self.episode_rounds >= self.cfg.winner.max_rounds:
-            return None
+        """The first run of the next settling round (the rest queued), or None when the race
+        (orchestrator.sweep.race) finds no round that can change the answer or the episode's rounds are spent.
+        Derived from the ledger alone, so a resumed sweep goes on where the dead one stopped."""
+        left = self.round_budget - self.episode_rounds
         answer = self.answer()
         base = Q.baseline_of(self.records)
-        if answer.settled or base is None or base.status != "ok":
+        if left <= 0 or answer.settled or base is None or base.status != "ok":
             return None
-        if self.settling == "target" and answer.target.state != A.UNDECIDED and answer.winner is not None and (
-                answer.winner.is_baseline or len(answer.winner.paired) >= self.cfg.winner.min_rounds):
-            return None  # a target check asks only whether the target is met; the final rounds settle ties
+        # A target check asks only whether the target is met; the final rounds settle ties.
+        plan = race.next_round(answer, self.cfg.winner, left, verdict_only=self.settling == "target")
+        if plan is None:
+            return None
         number = max((r.round or 0 for r in self.records), default=0) + 1
-        picks = [base] + [answer.figure_of(k).record for k in answer.contenders]
+        picks = ([base] if plan.baseline else []) + [answer.figure_of(k).record for k in plan.configs]
         # A random order per round (seeded by the sweep and the round): a config never always runs first, right
         # after the baseline, or last, so an order effect (a cache, a warming machine) does not favour one.
         seed = hashlib.sha256(f"{self.cfg.name}/{self.cfg.sampler.seed}/{number}".encode()).hexdigest()
         random.Random(seed).shuffle(picks)
         log.info("settling round %d: %s (%s)", number, ", ".join(f"trial {r.trial}" for r in picks),
-                 answer.why_unsettled or "settling")
+                 plan.why or "settling")
         jobs = [self._round_job(r, number, i + 1, len(picks)) for i, r in enumerate(picks)]
         self.episode_rounds += 1
         self.queue.extend(jobs[1:])
@@ -422,29 +437,49 @@ class Sweep:
             self.study.enqueue_once(self.cfg.enqueue)
 
 
-def run_sweep(cfg: Any) -> tuple[dict, list[TrialRecord]]:
+def time_parts(records: list[TrialRecord], wall: float, start: float, flush: float) -> dict[str, float]:
+    """Where one invocation's wall time went (``records``: the lines it wrote): starting the backend, the runs'
+    training updates and their overhead (dispatch, model build, process groups, result transfer; a run's wall less
+    its updates), search runs and settling runs apart, the driver's work between runs (judging, the ledger, Optuna,
+    the sampler, handing MLflow its calls) and the MLflow mirror's backlog waited for at the end. They add up to
+    ``wall``."""
+    def part(settling: bool, updates: bool) -> float:
+        return sum((r.wall_s - r.overhead_s) if updates else r.overhead_s for r in records
+                   if r.overhead_s is not None and (r.round is not None) == settling)
+    runs = sum(r.wall_s or 0.0 for r in records)
+    return {"start_s": start, "search_updates_s": part(False, True), "search_overhead_s": part(False, False),
+            "settling_updates_s": part(True, True), "settling_overhead_s": part(True, False),
+            "between_runs_s": max(0.0, wall - start - runs - flush), "flush_s": flush, "wall_s": wall}
+
+
+def run_sweep(cfg: Any, rounds: int | None = None) -> tuple[dict, list[TrialRecord]]:
     """Run (or resume) the sweep; returns the summary and the ledger's records.
 
     The ledger's lock is taken first (a second driver of the same sweep is refused at once, before Ray starts).
     A finished sweep (orchestrator.sweep.finished) runs nothing: its answer is returned as it stands, unless
-    ``search.n_trials`` was raised to extend it. Nothing else is written before Ray is joined (a bad
-    ray.address leaves no store, lock or sweep.yaml behind), and sweep.yaml only once the ledger and the study
-    accepted this config, so a refused run keeps the old one.
+    ``search.n_trials`` was raised to extend it, or ``rounds`` asks for that many more settling rounds (``steptune
+    settle``: the same sweep's answer raced further, no new trial; a finished sweep stays finished). Nothing else is
+    written before Ray is joined (a bad ray.address leaves no store, lock or sweep.yaml behind), and sweep.yaml only
+    once the ledger and the study accepted this config, so a refused run keeps the old one.
     """
     ledger = Ledger(cfg.results_dir / "trials.jsonl")
+    if rounds is not None and not any(r.kind == "baseline" and r.status == "ok" for r in ledger.read()):
+        raise ValueError(f"{ledger}: no measured baseline to settle against; run the sweep first "
+                         f"(steptune sweep) and settle it once its baseline is measured")
     made = [p for p in (cfg.results_dir.parent, cfg.results_dir) if not p.exists()]
     with ledger.lock():
         finished = Finished(cfg.results_dir)
-        if (done := finished.covers(cfg.search.n_trials)) is not None:
+        was = finished.read()
+        if rounds is None and (done := finished.covers(cfg.search.n_trials)) is not None:
             records = ledger.read()
-            summary = report.summarize(records, cfg.target, cfg.winner)
+            summary = report.summarize(records, cfg.target, cfg.winner, where=(cfg.name, cfg.storage.results_dir))
             summary.update(stopped_because=done.stopped_because, already_finished=done.n_trials,
                            mlflow_ui=None, sweep_wall_s=None)
             summary["time_to_answer"] = report.time_to_answer(records, finished.sessions())
             return summary, records
-        if finished.read() is not None:
+        if was is not None and rounds is None:
             log.info("extending sweep %s: search.n_trials=%d (it finished at %d)", cfg.name, cfg.search.n_trials,
-                     finished.read().n_trials)
+                     was.n_trials)
         backend = cfg.built or backends.build(cfg)
         try:
             backend.join()
@@ -452,7 +487,7 @@ def run_sweep(cfg: Any) -> tuple[dict, list[TrialRecord]]:
             _unmake(ledger, made)
             raise
         session = finished.begin()
-        sweep = Sweep(cfg, backend)
+        sweep = Sweep(cfg, backend, rounds)
         # What `report` needs to judge the ledger again (the target, the settling rule), beside the ledger.
         (cfg.results_dir / "sweep.yaml").write_text(yaml.safe_dump(cfg.raw, sort_keys=False))
         try:
@@ -464,7 +499,10 @@ def run_sweep(cfg: Any) -> tuple[dict, list[TrialRecord]]:
         finally:
             sweep.study.release()
         finished.end(session)
-        if not (sweep.stop_reason or "").startswith("the wall-time"):
+        if sweep.settle_only:
+            if was is not None:  # settled further, still finished as it was
+                finished.write(was.n_trials, was.stopped_because)
+        elif not (sweep.stop_reason or "").startswith("the wall-time"):
             finished.write(cfg.search.n_trials, summary["stopped_because"])
         summary["time_to_answer"] = report.time_to_answer(sweep.records, finished.sessions())
         # The summary as printed, beside the ledger (bench/noise.py and scripts compare sweeps by it).

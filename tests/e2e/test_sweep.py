@@ -406,3 +406,39 @@ def test_a_baseline_that_cannot_run_stops_the_sweep_with_its_reason(ray_address,
     assert [(r.kind, r.status) for r in lines][:3] == [("canonical", "timeout"), ("canonical", "ok"),
                                                              ("baseline", "ok")]
     assert summary["baseline_trial"] == 1 and len(lines) == 5
+
+
+@pytest.mark.timeout(240)
+def test_an_undecided_verdict_prints_the_command_that_settles_it_and_that_command_works(ray_address, sweep_file,
+                                                                                        capsys):
+    """The baseline alone, its one run widened by a 190% assumed spread: against half its own time the verdict is
+    undecided, about 3 rounds would decide it, and the summary prints the `settle` command for them. Run as
+    printed, it measures settling rounds of the same sweep only (no new trial), decides the verdict, and leaves the
+    sweep finished."""
+    import shlex
+
+    from orchestrator.__main__ import main
+
+    path = sweep_file(search={"n_trials": 1}, winner={"max_rounds": 0, "single_run_spread": 1.9},
+                      target={"relative_to_baseline": 0.5})
+    assert main(["sweep", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "target undecided: trial 0" in out and "about 3 more round(s) would decide it" in out
+    line = next(ln for ln in out.splitlines() if "to decide it, run those rounds" in ln)
+    argv = shlex.split(line.split("(no new trials): ", 1)[1])
+    results = str(path.parent / "results")
+    assert argv[argv.index("settle"):] == ["settle", "--sweep", "t", "--results-dir", results, "--rounds", "3"]
+    cfg = load_sweep(path)
+    before = Ledger(cfg.results_dir / "trials.jsonl").read()
+    assert [r.kind for r in before] == ["canonical", "baseline"]
+
+    assert main(argv[argv.index("settle"):]) == 0  # the printed command, as the shell would pass it
+    out = capsys.readouterr().out
+    after = Ledger(cfg.results_dir / "trials.jsonl").read()
+    assert after[:2] == before and {r.kind for r in after[2:]} == {"repeat"} and {r.trial for r in after[2:]} == {0}
+    assert 1 <= len({r.round for r in after[2:]}) <= 3
+    summary = json.loads((cfg.results_dir / "summary.json").read_text())
+    assert summary["target_verdict"] == "not met" and summary["settle_command"] is None
+    assert "target not met: trial 0" in out and "stopped because settling only (steptune settle --rounds 3)" in out
+    assert len(study_of(cfg).trials) == 1  # no trial was asked
+    assert json.loads((cfg.results_dir / "run.json").read_text())["finished"]["n_trials"] == 1

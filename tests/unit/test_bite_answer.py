@@ -129,17 +129,19 @@ def test_three_configs_measured_again_give_the_assumed_spread_of_single_runs():
     assert fig(b, 3).interval == pytest.approx((0.5 * 0.925, 0.5 * 1.075))
 
 
-def test_paired_figures_one_round_is_widened_several_are_bootstrapped_and_the_baseline_pairs_to_one():
+def test_paired_figures_come_from_the_rounds_model_and_the_baseline_pairs_to_one():
     ledger = [line(0, 2.4), line(1, 1.0), line(2, 1.0)]
     ledger += rounds({0: [2.0, 2.0, 2.0, 2.0, 2.0], 1: [0.8, 0.9, 1.0, 1.1, 1.3]})
     ledger += [line(2, 1.0, "repeat", 1, 1)]
     a = A.decide(ledger, NONE, A.SettleRule(confidence=0.6))
-    assert a.baseline.paired == (1.0,) * 5 and a.rounds == 5
-    t1 = fig(a, 1)
-    assert t1.paired == pytest.approx((0.4, 0.45, 0.5, 0.55, 0.65)) and t1.ratio == pytest.approx(0.5)
-    assert t1.interval == A.ci_ratio(t1.paired, 0.6, 2000) and t1.interval != (0.4, 0.65)
-    # One round: widened by the assumed spread, the median of the three re-measured (0.2, 0.5 and 0).
-    assert fig(a, 2).interval == pytest.approx((0.5 * 0.9, 0.5 * 1.1))
+    assert a.baseline.paired == (1.0,) * 5 and a.rounds == 5 and a.baseline.rounds == 5
+    t1, t2 = fig(a, 1), fig(a, 2)
+    assert t1.paired == pytest.approx((0.4, 0.45, 0.5, 0.55, 0.65)) and t1.rounds == 5
+    # Every round holds the baseline: the figure is the geometric mean of the per-round ratios.
+    assert t1.ratio == pytest.approx(statistics.geometric_mean(t1.paired))
+    assert 0.4 < t1.interval[0] < t1.ratio < t1.interval[1] < 0.65
+    # One round: its own interval is wider than the five-round one's (the pooled residual, one run).
+    assert t2.rounds == 1 and t2.interval[1] / t2.interval[0] > t1.interval[1] / t1.interval[0]
 
 
 def test_changed_params_count_each_param_that_differs_either_way():
@@ -188,7 +190,7 @@ def test_a_baseline_that_is_no_run_leaves_the_figures_unscaled():
     a = A.decide(ledger, REL_HALF)
     assert a.baseline_s is None and a.baseline is None and a.noise.baseline_runs == 0
     assert a.winner.ratio == 0.5
-    assert a.target == A.TargetVerdict(A.UNDECIDED, None, None, None, False)
+    assert a.target == A.TargetVerdict(A.UNDECIDED, None, None, None, False, relative=True)
 
 
 
@@ -206,10 +208,13 @@ def test_intervals_a_threshold_apart_tie_and_beyond_it_differ():
 def test_two_common_rounds_are_judged_by_their_paired_ratio_not_their_intervals():
     # Trial 2 is 10% slower than trial 1 in both rounds, but the rounds drift against the baseline, so their
     # intervals overlap: the per-round ratio tells them apart.
+    # (the machine is 60% slower in round 2: every run moves, the ratios do not)
     ledger = [line(0, 1.0), line(1, 0.5), line(2, 0.55)]
-    ledger += rounds({0: [1.0, 1.0], 1: [0.5, 0.6], 2: [0.55, 0.66]})
+    ledger += rounds({0: [1.0, 1.6], 1: [0.5, 0.8], 2: [0.625, 1.0]})
     a = A.decide(ledger, NONE)
     assert [c.trial for c in a.ties] == [1]
+    g = a.gaps[A.key_of(PARAMS[2])]
+    assert g.apart and g.rounds == 2 and g.ratio == pytest.approx(1.25)
 
 
 def test_a_paired_ratio_exactly_at_the_threshold_is_a_tie():
@@ -236,7 +241,7 @@ def test_an_unknown_peak_memory_loses_the_memory_tie_break():
 def test_predictions_tie_only_when_equal_and_a_prediction_beside_a_run_is_judged_by_intervals():
     a = A.decide([pred(0, 1.0), pred(1, 0.5), pred(2, 0.5), pred(3, 0.5005)], NONE)
     assert [c.trial for c in a.ties] == [1, 2] and fig(a, 3).interval == (0.5005, 0.5005)
-    assert a.settled and a.contenders == () and a.why_unsettled is None
+    assert a.settled and a.why_unsettled is None
     assert a.winner.describe() == "predicted ~500.0 ms" and a.baseline.interval == (1.0, 1.0)
     v = A.decide([pred(0, 1.0), pred(1, 0.5)], Target(step_time_s=0.5)).target
     assert v == A.TargetVerdict(A.MET, 0.5, (0.5, 0.5), None, False)
@@ -287,22 +292,25 @@ def test_an_absolute_target_is_not_judged_on_paired_figures():
 def test_a_relative_target_is_judged_on_the_paired_interval_times_the_baseline_median():
     ledger = [line(0, 2.0), line(1, 1.0)] + rounds({0: [2.0, 2.0, 2.0], 1: [0.9, 1.0, 1.1]})
     a = A.decide(ledger, Target(relative_to_baseline=0.48))
-    lo, hi = A.ci_ratio([0.45, 0.5, 0.55], a.rule.confidence, a.rule.resamples)
-    assert a.winner.interval == pytest.approx((lo, hi))
+    lo, hi = a.winner.interval
+    assert a.winner.ratio == pytest.approx(statistics.geometric_mean([0.45, 0.5, 0.55]))
+    assert lo < a.winner.ratio < hi
     v = a.target
-    assert v.state == A.UNDECIDED and v.paired and v.target_s == pytest.approx(0.96)
+    assert v.state == A.UNDECIDED and v.paired and v.relative and v.target_s == pytest.approx(0.96)
     assert v.interval_s == pytest.approx((2 * lo, 2 * hi))  # times the baseline's median, 2.0 s
-    assert v.more_rounds == max(1, math.ceil(3 * ((hi - lo) / 0.04) ** 2) - 3)  # (half width / gap)^2 x 3 rounds
-    assert a.seconds_of(a.winner) == pytest.approx(1.0)
+    gap = 2 * a.winner.ratio - 0.96
+    assert v.more_rounds == max(1, math.ceil(3 * ((hi - lo) / gap) ** 2) - 3)  # (half width / gap)^2 x 3 rounds
+    assert a.seconds_of(a.winner) == pytest.approx(2 * a.winner.ratio)
     assert A.decide(ledger, Target(relative_to_baseline=0.6)).target == A.TargetVerdict(
-        A.MET, pytest.approx(1.2), (pytest.approx(2 * lo), pytest.approx(2 * hi)), None, True)
+        A.MET, pytest.approx(1.2), (pytest.approx(2 * lo), pytest.approx(2 * hi)), None, True, relative=True)
     assert A.decide(ledger, Target(relative_to_baseline=0.4)).target.paired is True
 
 
 def test_a_relative_target_before_any_round_is_judged_on_absolute_runs():
     ledger = [line(0, 2.0), line(1, 1.0)]
     v = A.decide(ledger, Target(relative_to_baseline=0.6), A.SettleRule(single_run_spread=0.2)).target
-    assert v == A.TargetVerdict(A.MET, pytest.approx(1.2), (pytest.approx(0.9), pytest.approx(1.1)), None, False)
+    assert v == A.TargetVerdict(A.MET, pytest.approx(1.2), (pytest.approx(0.9), pytest.approx(1.1)), None, False,
+                                relative=True)
 
 
 def test_no_target_is_its_own_verdict():
@@ -336,7 +344,7 @@ def test_no_config_at_all_still_states_the_target_and_the_rule():
     rule = A.SettleRule(top_k=2)
     a = A.decide([line(1, 0.5, status="failed")], Target(step_time_s=0.5), rule)
     assert a.target == A.TargetVerdict(A.UNDECIDED, 0.5, None, None, False)
-    assert a.ties == () and a.contenders == () and a.rounds == 0 and a.noise.baseline_runs == 0
+    assert a.ties == () and a.rounds == 0 and a.noise.baseline_runs == 0
     assert a.rule is rule and a.baseline is None
 
 
@@ -349,26 +357,28 @@ def test_a_baseline_measured_only_by_its_reruns_still_scales_a_relative_target()
 # ---- settling ------------------------------------------------------------------------------------------------
 
 
-def test_a_tie_after_the_minimum_rounds_keeps_both_in_the_rounds():
+def test_a_tie_within_the_threshold_after_the_minimum_rounds_stays_a_tie_no_round_can_open():
     ledger = [line(0, 1.0), line(1, 0.5), line(2, 0.5)] + rounds(
         {0: [1.0, 1.0, 1.0], 1: [0.5, 0.5, 0.5], 2: [0.5, 0.5, 0.5]})
     a = A.decide(ledger, NONE, A.SettleRule(top_k=1))
     assert a.rounds == 3 and a.rule.top_k == 1
-    assert not a.settled and set(a.contenders) == {A.key_of(PARAMS[1]), A.key_of(PARAMS[2])}
-    assert a.why_unsettled == "trials 1, 2 cannot be told apart"
+    assert not a.settled and a.why_unsettled == "trials 1, 2 cannot be told apart"
+    g = a.gaps[A.key_of(PARAMS[2])]
+    assert not g.apart and g.rounds == 3 and g.more_rounds is None  # equal: no number of rounds separates them
+    assert a.band is not None and a.band > 0
 
 
 def test_a_clear_leader_short_of_rounds_is_not_called_a_tie():
     a = A.decide([line(0, 1.0), line(1, 0.4), line(2, 0.9)], NONE)
-    assert a.contenders == (A.key_of(PARAMS[1]),)
+    assert [c.trial for c in a.ties] == [1] and a.band is None
     assert a.why_unsettled == "trials 1 have fewer than winner.min_rounds=3 paired runs"
 
 
-def test_the_baseline_alone_runs_again_while_its_own_verdict_is_undecided():
+def test_the_baseline_as_the_winner_is_unsettled_while_its_own_verdict_is_undecided():
     ledger = [line(0, 1.0), confirm(0, 1.1), confirm(0, 0.9, 2)]
-    a = A.decide(ledger, Target(step_time_s=1.0))
-    assert a.winner.is_baseline and a.target.state == A.UNDECIDED
-    assert not a.settled and a.contenders == () and a.why_unsettled == "the target verdict is undecided"
+    a = A.decide(ledger, Target(step_time_s=1.05))
+    assert a.winner.is_baseline and a.target.state == A.UNDECIDED and a.target.more_rounds >= 1
+    assert not a.settled and a.why_unsettled == "the target verdict is undecided"
     b = A.decide(ledger, Target(step_time_s=5.0))
     assert b.target.state == A.MET and b.settled and b.why_unsettled is None
 
@@ -381,8 +391,13 @@ def test_noise_of_remeasured_and_paired_configs_and_of_the_load():
     for r, load in zip(ledger, [1.0, 2.0, 6.0, 3.0, 0.5, 1.5, 4.0, 5.0]):
         r.load_1m = load
     n = A.decide(ledger, NONE).noise
+    # The rounds' residual: two configs, three rounds (2 degrees of freedom), pooled with the declared spread of
+    # a run (0.15 / 2 as a standard deviation) counted as two more.
+    logs = [math.log(x) for x in (0.4, 0.5, 0.6)]
+    rss = sum((x - statistics.mean(logs)) ** 2 for x in logs) / 2
     assert n == A.Noise(baseline_runs=4, baseline_spread=0.0, remeasured_spread=pytest.approx(0.4),
-                        paired_spread=pytest.approx(0.4), load_median=2.5, load_max=6.0)
+                        paired_spread=pytest.approx(0.4), load_median=2.5, load_max=6.0,
+                        round_spread=pytest.approx(math.sqrt((rss + 2 * 0.075 ** 2) / 4)))
 
 
 def test_noise_of_single_and_double_runs():
@@ -391,12 +406,9 @@ def test_noise_of_single_and_double_runs():
     assert n.paired_spread is None and n.load_median is None and n.load_max is None
 
 
-def test_two_paired_rounds_or_two_runs_are_bootstrapped_too():
+def test_two_runs_of_an_absolute_targets_winner_are_bootstrapped_too():
     # At a confidence near 0.5 the bootstrap interval of two values is narrower than their min/max.
     rule = A.SettleRule(confidence=0.51)
-    ledger = [line(0, 1.0), line(1, 0.5)] + rounds({0: [1.0, 1.0], 1: [0.3, 0.9]})
-    a = A.decide(ledger, NONE, rule)
-    assert a.winner.interval == A.ci_ratio([0.3, 0.9], 0.51, 2000) and a.winner.interval != (0.3, 0.9)
     v = A.decide([line(0, 2.0), line(1, 0.3), confirm(1, 0.9)], Target(step_time_s=5.0), rule).target
     assert v.interval_s == A.ci_ratio([0.3, 0.9], 0.51, 2000) and v.interval_s != (0.3, 0.9)
 
@@ -406,19 +418,21 @@ def test_a_verdict_whose_interval_starts_exactly_at_the_target_is_undecided():
     assert _absolute(lo).state == A.UNDECIDED  # not "not met": part of the interval is at the target
 
 
-def _started(k_rounds: int) -> A.Answer:
-    """Trial 2 far slower than trial 1 (told apart by intervals), with ``k_rounds`` paired runs of its own."""
-    ledger = [line(0, 1.0), line(1, 0.40), line(2, 0.90)]
-    for k in range(1, 4):
-        ledger += [line(0, 1.0, "repeat", k, k), line(1, 0.40, "repeat", k, k)]
-        if k <= k_rounds:
-            ledger.append(line(2, 0.90, "repeat", k, k))
+def _raced(k_rounds: int) -> A.Answer:
+    """Trial 2's search run (0.42) was lucky: by it alone it ties with trial 1 (0.40); in every round it runs
+    0.55 against trial 1's 0.40. ``k_rounds`` rounds of the three."""
+    ledger = [line(0, 1.0), line(1, 0.40), line(2, 0.42)]
+    for k in range(1, k_rounds + 1):
+        ledger += [line(0, 1.0, "repeat", k, k), line(1, 0.40, "repeat", k, k), line(2, 0.55, "repeat", k, k)]
     return A.decide(ledger, Target(), A.SettleRule(min_rounds=3))
 
 
-def test_a_config_that_entered_the_rounds_stays_until_it_has_min_rounds_paired_runs():
+def test_a_contender_leaves_the_tie_by_its_paired_interval_after_two_common_rounds():
     key = A.key_of(PARAMS[2])
-    assert key in _started(1).contenders  # one paired run: it stays, though its interval is far off
-    assert key in _started(2).contenders
-    assert key not in _started(3).contenders  # min_rounds reached and told apart: it leaves
-    assert _started(0).settled  # never in a round and told apart: it does not enter
+    assert [c.trial for c in _raced(0).ties] == [1, 2]  # one run each: tied
+    one = _raced(1)
+    assert key in {c.key for c in one.ties} and one.gaps[key].rounds == 1  # paired once: not judged yet
+    assert one.gaps[key].more_rounds == 1  # ... but one more round would tell it apart, at this ratio
+    two = _raced(2)
+    assert [c.trial for c in two.ties] == [1] and two.gaps[key].apart and two.gaps[key].rounds == 2
+    assert two.gaps[key].interval[0] > 1.01 and two.gaps[key].ratio == pytest.approx(0.55 / 0.40)

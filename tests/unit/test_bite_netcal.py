@@ -167,7 +167,7 @@ def test_the_cluster_file_keeps_the_base_and_records_each_source():
     prov = doc["provenance"]
     assert (prov["date"], prov["command"]) == ("2026-12-02T00:00:00Z", "steptune netcal x")
     assert prov["note"].startswith("bandwidth/latency fitted to nccl-tests output by steptune netcal")
-    assert prov["sources"] == [{"file": "all_reduce_perf.txt", "collective": "all_reduce", "tier": "intra_node",
+    assert prov["sources"] == [{"file": "all_reduce_perf.txt", "repeats": 1, "collective": "all_reduce", "tier": "intra_node",
                                 "ranks": 8, "nodes": 1, "ranks_per_node": 8, "devices": ["GPU"],
                                 "sizes_bytes": [8, 256 << 20], "points": 6,
                                 "fit_rel_rms": round(fits["intra_node"].rel_rms, 4),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import sys
 from pathlib import Path
@@ -118,13 +119,13 @@ def test_the_landscape_resolution_is_one_without_noise_and_falls_with_overlappin
 
 def test_a_refined_landscape_pairs_the_settling_rounds_so_shared_drift_cancels():
     # The machine alternates between a fast and a slow state (x1.0 / x1.4) from one round to the next; "a" is truly
-    # 6% faster than "b" in every round. Drawn run by run (no pairing), the drift hides the 6%; drawn a round at a
+    # 15% faster than "b" in every round. Drawn run by run (no pairing), the drift hides it; drawn a round at a
     # time, as a sweep's settling round runs, every paired ratio says it and "a" alone is the answer.
     state = [1.0, 1.4] * 10
-    refined = {"base": {n: 0.2 * f for n, f in enumerate(state)}, "a": {n: 0.094 * f for n, f in enumerate(state)},
+    refined = {"base": {n: 0.2 * f for n, f in enumerate(state)}, "a": {n: 0.085 * f for n, f in enumerate(state)},
                "b": {n: 0.1 * f for n, f in enumerate(state)}}
     rows = _rows({k: list(v.values()) for k, v in refined.items()})
-    seen = {"base": [0.2], "a": [0.094], "b": [0.1]}
+    seen = {"base": [0.2], "a": [0.085], "b": [0.1]}
     paired = [R.declare(seen, _land(rows, refined), random.Random(s), base="base")[0] for s in range(10)]
     assert all(t == ["a"] for t in paired), paired
     unpaired = [R.declare(seen, _land(rows), random.Random(s), base="base")[0] for s in range(10)]
@@ -189,3 +190,19 @@ def test_round_noise_sees_a_shared_round_effect_and_the_bootstrap_a_clear_best()
     boot = round_noise.truth_bootstrap(ref, resamples=200)
     assert list(boot) == ["a", "b"] and boot["a"] == {"best": 1.0, "within_2": 1.0, "within_5": 1.0}
     assert boot["b"]["within_5"] == 0.0
+
+
+def test_a_config_refined_in_other_rounds_shares_the_rounds_level_not_the_baselines_own_deviation():
+    # "m" was refined in rounds 0 and 1 only; round 2's level comes from the configs refined in it. In round 2 the
+    # baseline alone ran 30% slow: "m" must not inherit that (it would, as its ratio times the baseline's run).
+    rows = _rows({"base": [0.2, 0.2, 0.2], "a": [0.1, 0.1, 0.1], "m": [0.12, 0.12, 0.12]})
+    refined = {"base": {0: 0.2, 1: 0.2, 2: 0.26}, "a": {0: 0.1, 1: 0.1, 2: 0.1}, "m": {0: 0.12, 1: 0.126}}
+    land = _land(rows, refined)
+    land.truth = {"base": 1.0, "a": 0.5, "m": 0.6}
+    levels = land._round_levels()
+    assert levels[0] == pytest.approx(0.2) and levels[2] == pytest.approx(math.sqrt(0.26 * 0.2))
+    draws = {round(land._refined_elsewhere("m", 2, random.Random(s)), 6) for s in range(20)}
+    # its truth x round 2's level x one of its two residuals (1.0 in round 0, 1.05 in round 1)
+    assert draws == {round(0.6 * levels[2] * e, 6) for e in (0.12 / (0.6 * levels[0]), 0.126 / (0.6 * levels[1]))}
+    # (brought to the landscape's level: the baseline's stored median over its refined median, here 1)
+    assert any(land.settling_sample("m", 2, random.Random(0)) == pytest.approx(d, rel=1e-4) for d in draws)
