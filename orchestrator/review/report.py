@@ -191,7 +191,14 @@ def settle_command(answer: A.Answer, sweep: str, results_dir: Any) -> str | None
     t = answer.target
     if t.state != A.UNDECIDED or not t.more_rounds or answer.winner is None or answer.winner.predicted:
         return None
+    if t.more_rounds > SETTLE_WORTH:
+        return None
     return subcommand("settle", sweep, results_dir, "--rounds", str(t.more_rounds))
+
+
+SETTLE_WORTH = 100
+"""The most rounds the summary offers to run: past it the winner sits within the noise of the target (a verdict
+that needs hundreds of rounds is a tie with the target, not a question more rounds on this machine should answer)."""
 
 
 def time_to_answer(records: list[TrialRecord], sessions: list | None = None, within: float = 0.02,
@@ -323,6 +330,9 @@ def answer_lines(s: dict[str, Any]) -> list[str]:
                        f"{tgt}{within}{more}")
             if s.get("settle_command"):
                 out.append(f"  to decide it, run those rounds on this sweep (no new trials): {s['settle_command']}")
+            elif (t["more_rounds"] or 0) > SETTLE_WORTH:
+                out.append(f"  over {SETTLE_WORTH} rounds: the winner is within this machine's noise of the target; "
+                           f"treat it as on the target, or measure on quieter or larger hardware")
     n = a["noise"]
     if not pred and n["baseline_runs"]:
         load = f"; load (1 min) while measuring: median {n['load_median']:.1f}, max {n['load_max']:.1f}" \

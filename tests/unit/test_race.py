@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator.records import answer as A
+from orchestrator.review import report
 from orchestrator.sweep import race
 
 RULE = A.SettleRule(top_k=2, min_rounds=3, max_rounds=4)
@@ -130,3 +131,14 @@ def test_a_target_check_runs_the_winner_for_its_verdict_only(verdict, winner_rou
     a = answer([(1, 0.40, winner_rounds, None), (2, 0.41, 0, None), (3, 0.42, 1, 1)], verdict=verdict)
     r = race.next_round(a, RULE, 4, verdict_only=True)
     assert (None if r is None else ([int(k[1:]) for k in r.configs], r.baseline)) == expected
+
+
+@pytest.mark.parametrize("more,expected", [
+    (3, ["settle", "--sweep", "s", "--results-dir", "r", "--rounds", "3"]),
+    (report.SETTLE_WORTH, ["settle", "--sweep", "s", "--results-dir", "r", "--rounds", str(report.SETTLE_WORTH)]),
+    (report.SETTLE_WORTH + 1, None),  # hundreds of rounds: the winner sits within the noise of the target
+    (None, None),  # no number of rounds decides it
+])
+def test_an_undecided_verdict_offers_the_rounds_it_needs_up_to_what_settling_is_worth(more, expected):
+    cmd = report.settle_command(answer([(1, 0.40, 3, None)], verdict=(A.UNDECIDED, more, True)), "s", "r")
+    assert (cmd if cmd is None else cmd.split()[cmd.split().index("settle"):]) == expected
