@@ -212,6 +212,50 @@ def measure(models: Sequence[Model], samples: Path, landscape_repeats: int, slic
         runner.close()
 
 
+def refine(models: Sequence[Model], logs: dict[str, Path], picks: dict[str, list[str]], rounds: int, command: str,
+           seed: int = 0, say: Callable[[str], None] = print) -> None:
+    """The configs the goals turn on, measured again in ``rounds`` paired rounds: per model its baseline and
+    ``picks[model]`` (keys), every model's in the same shuffled rounds, each run appended to the model's refinement
+    log (``logs[model]``, bench/landscape.py's ``.refine.jsonl`` format, so ``landscape.write`` turns it into the
+    landscape's ``refined`` block: each config's paired ratio to its baseline, the truth replay judges by).
+    Resumes from the logs."""
+    have: set[tuple[str, str, int]] = set()
+    for m in models:
+        for rec in read_samples(logs[m.name]):
+            if "refine_round" in rec:
+                have.add((m.name, rec["key"], int(rec["refine_round"])))
+    keys = {m.name: [m.baseline_key] + [k for k in picks[m.name] if k != m.baseline_key] for m in models}
+    by_key = {m.name: {LS.key_of(p): p for p in m.params} for m in models}
+    todo = sum(1 for m in models for k in keys[m.name] for r in range(rounds) if (m.name, k, r) not in have)
+    say(f"refinement: {rounds} paired rounds of " + "; ".join(f"{m.name}: the baseline and {len(keys[m.name]) - 1}"
+                                                              for m in models) + f" ({todo} runs to do)")
+    if not todo:
+        return
+    for m in models:  # one header per invocation, as bench/landscape.py's refinement writes it
+        _append(logs[m.name], {"header": {"command": command, "top": len(keys[m.name]) - 1, "asked_rounds": rounds,
+                                          "keys": keys[m.name], "machine": LS.machine(),
+                                          "started_at": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())}})
+    runner = Runner(models[0])
+    try:
+        for m in models:  # each model's parity reference: a fresh run of its baseline, not stored
+            runner.landscape_run(m, m.params[0])
+        t0, done = time.perf_counter(), 0
+        for rnd in range(rounds):
+            jobs = [(m, k) for m in models for k in keys[m.name]]
+            random.Random(seed * 1000 + 700 + rnd).shuffle(jobs)
+            for m, k in jobs:
+                if (m.name, k, rnd) in have:
+                    continue
+                rec = runner.landscape_run(m, by_key[m.name][k])
+                _append(logs[m.name], {"key": k, "refine_round": rnd, **rec})
+                done += 1
+                if done % 10 == 0 or done == todo:
+                    left = (time.perf_counter() - t0) / done * (todo - done)
+                    say(f"[refine {done}/{todo}] round {rnd} load {rec['load_1min']:.1f} (~{left / 60:.0f} min left)")
+    finally:
+        runner.close()
+
+
 def slice_runs(samples: Sequence[dict[str, Any]], model: str) -> dict[str, dict[int, Any]]:
     """A model's slice runs that ended ok: name -> round -> a Result-like record (``as_result``)."""
     out: dict[str, dict[int, Any]] = defaultdict(dict)

@@ -126,6 +126,9 @@ def verdict(name: str, pred: Mapping[str, float], land: R.Landscape,
     errs = {r["key"]: 100.0 * (pred[r["key"]] - r["median_s"]) / r["median_s"] for r in rows}
     worst = max(errs, key=lambda k: abs(errs[k]))
     best = min(rows, key=lambda r: pred[r["key"]])
+    # The pick against the best by the landscape's truth: where refined, each config's paired ratio to the baseline
+    # over the refinement's rounds, else its median over the baseline's (bench/replay.py's truth_of), in seconds.
+    scale = _truth_scale(land)
     rho = spearmanr([pred[r["key"]] for r in rows], [r["median_s"] for r in rows]).statistic
     cover = width = None
     if iv:
@@ -133,7 +136,24 @@ def verdict(name: str, pred: Mapping[str, float], land: R.Landscape,
         cover = 100.0 * sum(held) / len(held)
         width = 100.0 * statistics.median((iv[k].high - iv[k].low) / iv[k].point for k in iv)
     return Verdict(name, len(rows), statistics.median(abs(e) for e in errs.values()), abs(errs[worst]), worst,
-                   float(rho), best["key"], best["median_s"], land.best_s, cover, width)
+                   float(rho), best["key"], land.truth[best["key"]] * scale, land.best * scale, cover, width)
+
+
+def _truth_scale(land: R.Landscape) -> float:
+    """Seconds per unit of ``land.truth``: the baseline's median (truth is a time over the baseline's), else 1."""
+    base = land.rows.get(land.doc.get("baseline_key", ""))
+    return base["median_s"] if base is not None and R.Landscape.usable(base) else 1.0
+
+
+def refine_picks(a: "Analysis", top: int, per_planner: int = 3) -> list[str]:
+    """The configs the goals turn on: the ``top`` fastest by their median, and each planner's ``per_planner``
+    predicted fastest (what "predicted best within 5%" and the guided search compare)."""
+    rows = sorted((r for r in a.land.rows.values() if R.Landscape.usable(r)), key=lambda r: r["median_s"])
+    keys = [r["key"] for r in rows[:top]]
+    for pred in a.preds.values():
+        keys += sorted((k for k in pred if k in a.land.rows and R.Landscape.usable(a.land.rows[k])),
+                       key=pred.get)[:per_planner]
+    return list(dict.fromkeys(keys))
 
 
 def guided_lines(land: R.Landscape, ranking: guided.PlannerRanking, seed: int, n: int) -> list[Any]:
@@ -386,20 +406,27 @@ def report(a: Analysis, doc: dict, cal_path: Path) -> str:
     if a.fit.unpinned:
         out += ["Not pinned down:", "", *[f"- {u.text()}" for u in a.fit.unpinned], ""]
     out += ["## Every landscape config predicted", "",
-            "| planner | configs | median abs error | worst abs error | Spearman | predicted best: its measured median "
-            "vs the measured best | 90% interval holds the median |", "|---|---:|---:|---:|---:|---|---:|"]
+            "| planner | configs | median abs error | worst abs error | Spearman | predicted best: its measured figure "
+            "vs the measured best's | 90% interval holds the median |", "|---|---:|---:|---:|---:|---|---:|"]
     for v in a.verdicts:
         cov = f"{v.coverage_pct:.0f}% (median width {v.median_width_pct:.0f}%)" if v.coverage_pct is not None else "-"
         out.append(f"| {v.name} | {v.n} | {v.median_abs_err_pct:.1f}% | {v.worst_abs_err_pct:.0f}% | {v.spearman:.3f} "
                    f"| {1e3 * v.predicted_best_measured_s:.1f} ms vs {1e3 * v.true_best_s:.1f} ms: {v.best_gap_pct:+.1f}% "
                    f"| {cov} |")
-    true_key = min(usable, key=lambda r: r["median_s"])["key"]
+    true_key, scale = land.best_key, _truth_scale(land)
+    refined = land.doc.get("refined") or {}
+    if refined:
+        out += ["", f"A config's measured figure: where refined, its paired ratio to the baseline over "
+                    f"{refined['rounds']} refinement rounds (geometric mean) times the baseline's median; else its "
+                    f"median. Refined: the baseline, the {len(refined['ratio']) - 1} others that were the fastest "
+                    f"by median or a planner's 3 predicted fastest (`--refine-top`, `--refine-rounds`)."]
     out += ["", "The predicted best against the measured best:", "",
-            "| config | measured (ms) | " + " | ".join(f"{v.name} (ms)" for v in a.verdicts) + " | 90% interval (ms) |",
-            "|---|---:|" + "---:|" * len(a.verdicts) + "---|"]
+            "| config | measured median (ms) | measured figure (ms) | "
+            + " | ".join(f"{v.name} (ms)" for v in a.verdicts) + " | 90% interval (ms) |",
+            "|---|---:|---:|" + "---:|" * len(a.verdicts) + "---|"]
     for label, k in [("measured best", true_key)] + [(f"{v.name}'s pick", v.predicted_best_key) for v in a.verdicts]:
         iv = a.iv.get(k)
-        out.append(f"| {label}: `{k}` | {1e3 * land.rows[k]['median_s']:.1f} | "
+        out.append(f"| {label}: `{k}` | {1e3 * land.rows[k]['median_s']:.1f} | {1e3 * land.truth[k] * scale:.1f} | "
                    + " | ".join(f"{1e3 * a.preds[v.name][k]:.1f}" for v in a.verdicts)
                    + (f" | {1e3 * iv.low:.1f} - {1e3 * iv.high:.1f} |" if iv else " | - |"))
     out += ["", "## Goals (slice-calibrated)", "",
@@ -416,7 +443,7 @@ def summary(analyses: Sequence[Analysis], doc: dict, paths: Mapping[str, Path]) 
     out = ["# Slices predict what they never ran: the proof on this machine", "",
            f"Command: `{doc['command']}`; run {doc['date']} on {doc['hardware']} ({os.cpu_count()} CPUs), "
            f"{doc['wall_s'] / 60:.0f} min: the network, then every model's landscape and slices in the same "
-           f"interleaved rounds. Slices at the job's density ({doc['ranks']} ranks). Per model, the details: "
+           f"interleaved rounds, then the configs the goals turn on in paired rounds. Slices at the job's density ({doc['ranks']} ranks). Per model, the details: "
            + ", ".join(f"[{n}]({p.name})" for n, p in paths.items()) + ".", "",
            "| goal (slice-calibrated planner) | " + " | ".join(a.model.name for a in analyses) + " |",
            "|---|" + "---|" * len(analyses)]
@@ -447,6 +474,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "(a stratified sample, the baseline first; default 80)")
     ap.add_argument("--landscape-repeats", type=int, default=3, help="runs of every landscape config (default 3)")
     ap.add_argument("--slice-repeats", type=int, default=6, help="runs of every slice (default 6)")
+    ap.add_argument("--refine-top", type=int, default=8, help="after the landscape: the N fastest configs by median "
+                    "and each planner's 3 predicted fastest, re-measured with the baseline in paired rounds (default 8)")
+    ap.add_argument("--refine-rounds", type=int, default=8, help="paired rounds of that refinement (0: none; "
+                    "default 8)")
     ap.add_argument("--steps", type=int, default=8, help="updates per slice, the first a warm-up (default: 8)")
     ap.add_argument("--seeds", type=int, default=5, help="guided replays from the slice calibration (default 5)")
     ap.add_argument("--seed", type=int, default=0, help="the sample's and the rounds' shuffles")
@@ -456,10 +487,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--out-dir", default=str(ROOT / "bench/results"))
     ap.add_argument("--name", default="slice_proof", help="stem of every file written (default: slice_proof)")
     args = ap.parse_args(argv)
+    if args.refine_rounds < 0:
+        raise SystemExit("--refine-rounds: 0 (no refinement) or more")
     if bool(args.measure_landscape) == bool(args.landscape):
         raise SystemExit("give --measure-landscape (landscape and slices measured here) or --landscape FILE")
     for flag, v in (("--sample", args.sample), ("--landscape-repeats", args.landscape_repeats),
-                    ("--slice-repeats", args.slice_repeats), ("--seeds", args.seeds)):
+                    ("--slice-repeats", args.slice_repeats), ("--seeds", args.seeds), ("--refine-top", args.refine_top)):
         if v < 1:
             raise SystemExit(f"{flag}: need at least 1")
     out_dir = Path(args.out_dir)
@@ -481,25 +514,41 @@ def main(argv: Sequence[str] | None = None) -> None:
     ranks = _density(models)
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter()
     cluster_path = out_dir / f"{args.name}_cluster.yaml"
+    before = out_dir / f"{args.name}.json"
+    resumed = samples_path.exists() and before.exists()
     if not args.analyse_only:
-        measure_network(cluster_path)
+        if not (cluster_path.exists() and samples_path.exists()):  # a rerun resumes the run: its network stays
+            measure_network(cluster_path)
         PM.measure(models, samples_path, args.landscape_repeats if given is None else 0, args.slice_repeats,
                    seed=args.seed)
     samples = PM.read_samples(samples_path)
     cluster, net_eff = load_cluster(cluster_path)  # netcal set dp/pp/tp_bw_eff to 1: one host, measured link
     doc = {"command": _command(argv), "date": started, "wall_s": time.perf_counter() - t0, "ranks": ranks,
            "hardware": hardware.cpu_model(), "cluster_file": cluster_path.name, "landscapes": {}}
-    analyses, paths = [], {}
-    for m in models:
-        if given is not None:
-            land_doc, land_path = given, Path(args.landscape)
-        else:
-            land_path = out_dir / f"{args.name}_{m.name}.json"
-            land_doc = landscape_doc(m, samples, land_path, args, doc)
-        doc["landscapes"][m.name] = str(land_path)
-        a = analyse(m, land_doc, PM.slice_runs(samples, m.name), cluster, net_eff, args.seeds, cross)
-        analyses.append(a)
-        paths[m.name] = write_model(a, out_dir, args.name, doc, cluster_path)
+    def analyse_all() -> list[Analysis]:
+        out = []
+        for m in models:
+            if given is not None:
+                land_doc, land_path = given, Path(args.landscape)
+            else:
+                land_path = out_dir / f"{args.name}_{m.name}.json"
+                land_doc = landscape_doc(m, samples, land_path, args, doc)
+            doc["landscapes"][m.name] = str(land_path)
+            out.append(analyse(m, land_doc, PM.slice_runs(samples, m.name), cluster, net_eff, args.seeds, cross))
+        return out
+
+    analyses = analyse_all()
+    if given is None and args.refine_rounds and not args.analyse_only:
+        # The first analysis names the configs the goals turn on; their figures come from paired rounds.
+        PM.refine(models, {m.name: out_dir / f"{args.name}_{m.name}.refine.jsonl" for m in models},
+                  {a.model.name: refine_picks(a, args.refine_top) for a in analyses}, args.refine_rounds,
+                  _command(argv), seed=args.seed)
+        analyses = analyse_all()
+    doc["wall_s"] = 0.0 if args.analyse_only else time.perf_counter() - t0
+    if resumed:  # the run this one resumed (or analyses again): its start, and the walls of every part
+        prev = json.loads(before.read_text())
+        doc["date"], doc["wall_s"] = prev.get("date", doc["date"]), prev.get("wall_s", 0.0) + doc["wall_s"]
+    paths = {a.model.name: write_model(a, out_dir, args.name, doc, cluster_path) for a in analyses}
     (out_dir / f"{args.name}.json").write_text(json.dumps({**doc, "models": {a.model.name: {
         "verdicts": [{**dataclasses.asdict(v), "best_gap_pct": v.best_gap_pct} for v in a.verdicts],
         "guided_runs_to_within_2pct": a.guided_runs, "fitted": a.fit.fitted, "held": a.fit.identified.held,
