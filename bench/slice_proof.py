@@ -12,7 +12,11 @@ one run.
 compute at 1 and 2 layers, data-parallel, pipeline; each ``--slice-repeats`` times), all models' runs in the same
 interleaved rounds on one warm Ray worker group; the network first (``steptune netcal --measure 2``, repeated until
 each table's fit error is <= 20% or its cap). Samples: ``<out-dir>/<name>.samples.jsonl`` (resumable), each model's
-landscape as ``<name>_<model>.json`` (bench/landscape.py's format: bench/replay.py reads it).
+landscape as ``<name>_<model>.json`` (bench/landscape.py's format: bench/replay.py reads it). Then the configs the
+goals turn on (the ``--refine-top`` fastest by median and each planner's 3 predicted fastest) are measured again
+with their baseline in ``--refine-rounds`` paired rounds (``<name>_<model>.refine.jsonl``): the landscape's
+``refined`` block, whose paired ratios are the truth the pick and the guided search are judged by (3-run medians
+under a shared machine's noise cannot tell the top configs apart). A rerun resumes every stage.
 **--landscape FILE** (one committed landscape, measured earlier on this hardware): only the slices are measured now.
 
 Then, per model: the slices fitted (``plan.slicefit``: what they pin down, each fitted parameter with its interval
