@@ -127,6 +127,18 @@ class Runner:
         self.runner = backend.runner()
         self.reference: dict[str, Any] = {}
 
+    @classmethod
+    def warm(cls, models: Sequence["Model"]) -> "Runner":
+        """A worker group that has taken each model's parity reference (a fresh run of its baseline, not stored)."""
+        runner = cls(models[0])
+        try:
+            for m in models:
+                runner.landscape_run(m, m.params[0])
+        except BaseException:
+            runner.close()
+            raise
+        return runner
+
     def run(self, config: Any) -> Any:
         self.runner.submit(0, config)
         done: list = []
@@ -190,10 +202,8 @@ def measure(models: Sequence[Model], samples: Path, landscape_repeats: int, slic
         f"{slice_repeats}" for m in models))
     if not todo:
         return
-    runner = Runner(models[0])
+    runner = Runner.warm(models)
     try:
-        for m in models:  # each model's parity reference: a fresh run of its baseline, not stored
-            runner.landscape_run(m, m.params[0])
         t0, done = time.perf_counter(), 0
         for rnd in range(rounds):
             jobs = jobs_of(rnd)
@@ -235,10 +245,8 @@ def refine(models: Sequence[Model], logs: dict[str, Path], picks: dict[str, list
         _append(logs[m.name], {"header": {"command": command, "top": len(keys[m.name]) - 1, "asked_rounds": rounds,
                                           "keys": keys[m.name], "machine": LS.machine(),
                                           "started_at": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())}})
-    runner = Runner(models[0])
+    runner = Runner.warm(models)
     try:
-        for m in models:  # each model's parity reference: a fresh run of its baseline, not stored
-            runner.landscape_run(m, m.params[0])
         t0, done = time.perf_counter(), 0
         for rnd in range(rounds):
             jobs = [(m, k) for m in models for k in keys[m.name]]
