@@ -50,6 +50,11 @@ REFIT_TOL = 1e-8
 the candidates. On a default sweep's 31-line ledger, refitted where that sweep did (after 13 and 30 lines), 1e-8
 made a third of the solver's evaluations and left every candidate of the space in the same place (predicted step
 times within 3e-4); 1e-5 reorders them (tests/unit/test_guided.py)."""
+REFIT_MAX_EVALS = 200
+"""scipy's max_nfev for the online refits (calibrate's MAX_EVALS is 4000). The first refit of a default sweep, from
+the priors on 15 ledger lines, ran the solver to 4000 evaluations (28,000 batch evaluations, 8-11 s of driver time
+between two runs on the 2-core host); stopped at 200, every candidate keeps its place and the predictions move by
+under 1e-4 (tests/unit/test_guided.py), for 5,000 batch evaluations."""
 TIME_METRICS = ("step_time_s", "forward_s", "backward_incl_recompute_s", "optimizer_s", "dp_exposed_s", "pp_idle_s")
 
 log = logging.getLogger(__name__)
@@ -193,7 +198,7 @@ class PlannerRanking:
         self._records.extend(records)
         # Warm start: the last fit is the starting point (and the weak prior), so a refit takes a few steps.
         base = dataclasses.replace(self._records[0]["config"], efficiency=self.efficiency)
-        self.efficiency = calibrate(self._records, base, fit=FIT, tol=REFIT_TOL).efficiency
+        self.efficiency = calibrate(self._records, base, fit=FIT, tol=REFIT_TOL, max_evals=REFIT_MAX_EVALS).efficiency
         self.n_fits += 1
         self._pred = None
         return True

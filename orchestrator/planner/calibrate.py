@@ -77,6 +77,8 @@ PRIOR_WEIGHT = 0.01
 SOLVER_TOL = 1e-12
 """scipy's xtol/ftol for a fit whose fitted values are the product (``plan calibrate``, profile, netcal). A caller
 that only ranks configs by the fit may pass a looser one (orchestrator.plan.guided.REFIT_TOL)."""
+MAX_EVALS = 4000
+"""scipy's max_nfev for such a fit. A caller that only ranks configs may stop sooner (guided.REFIT_MAX_EVALS)."""
 
 
 @dataclass(frozen=True)
@@ -218,17 +220,19 @@ def _errors(rows: list[tuple[dict[str, float], dict[str, float]]]) -> dict[str, 
 
 def calibrate(records: Sequence[Mapping[str, Any]], base_cfg: PlanConfig, fit: Sequence[str] | None = None,
               weights: Mapping[str, float] | None = None, use_scipy: bool = True,
-              prior_weight: float = PRIOR_WEIGHT, tol: float = SOLVER_TOL) -> Calibration:
+              prior_weight: float = PRIOR_WEIGHT, tol: float = SOLVER_TOL, max_evals: int = MAX_EVALS) -> Calibration:
     """Fit ``fit`` (default ``DEFAULT_FIT``) efficiency fields so predictions match ``records``.
 
     ``weights`` scales a metric's residuals; ``prior_weight`` is the pull towards the starting values
-    (in the fitted coordinates), 0 for a pure least-squares fit; ``tol``: scipy's xtol and ftol (the numpy
-    fallback ignores it).
+    (in the fitted coordinates), 0 for a pure least-squares fit; ``tol``: scipy's xtol and ftol; ``max_evals``:
+    scipy's max_nfev, the residual evaluations its Jacobians included (the numpy fallback ignores both).
     """
     if not records:
         raise ValueError("records: need at least one measured record")
     if not 0 < tol < 1:
         raise ValueError(f"tol: expected a number in (0, 1), got {tol!r}")
+    if max_evals < 1:
+        raise ValueError(f"max_evals: expected a whole number >= 1, got {max_evals!r}")
     names = tuple(fit or DEFAULT_FIT)
     for name in names:
         if name not in BOUNDS:
@@ -260,7 +264,8 @@ def calibrate(records: Sequence[Mapping[str, Any]], base_cfg: PlanConfig, fit: S
         return out
 
     solver = "scipy.optimize.least_squares" if use_scipy and _scipy_solver() else "levenberg-marquardt (numpy)"
-    z = _scipy_solver(tol)(residuals, z0) if solver.startswith("scipy") else _levenberg_marquardt(residuals, z0)
+    z = _scipy_solver(tol, max_evals)(residuals, z0) if solver.startswith("scipy") else \
+        _levenberg_marquardt(residuals, z0)
     # Labelled fitted; a caller that solved it from the very timeline it will predict relabels it calibrated.
     eff = dataclasses.replace(eff_of(z), basis="fitted")
     before = [(pred, m) for pred, (_, m) in zip(_predict_all(batches, eff0, len(prepared)), prepared)]
@@ -305,12 +310,12 @@ def _predict_all(batches: Sequence[_Batch], eff: Efficiency, n: int) -> list[dic
     return out
 
 
-def _scipy_solver(tol: float = SOLVER_TOL) -> Callable | None:
+def _scipy_solver(tol: float = SOLVER_TOL, max_evals: int = MAX_EVALS) -> Callable | None:
     try:
         from scipy.optimize import least_squares
     except ImportError:
         return None
-    return lambda f, z0: least_squares(f, z0, method="lm", xtol=tol, ftol=tol, max_nfev=4000).x
+    return lambda f, z0: least_squares(f, z0, method="lm", xtol=tol, ftol=tol, max_nfev=max_evals).x
 
 
 def _levenberg_marquardt(f: Callable[[np.ndarray], np.ndarray], z: np.ndarray, iters: int = 200) -> np.ndarray:

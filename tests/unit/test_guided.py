@@ -201,3 +201,32 @@ def test_the_refits_tolerance_ranks_the_default_space_as_the_tight_fit_does(monk
     tight = order(SOLVER_TOL)
     assert order(refit_tol) == tight
     assert order(1e-5) != tight
+
+
+def test_the_refits_evaluation_cap_ranks_the_default_space_as_the_full_solve_does(monkeypatch):
+    """The online refit stops at guided.REFIT_MAX_EVALS (200) solver evaluations, not calibrate's MAX_EVALS (4000).
+    On the first 15 lines of a real default sweep (tests/fixtures/default_sweep_slow_refit.jsonl), where its first
+    refit from the priors ran the solver to 4000 evaluations, every candidate keeps its place and no prediction
+    moves by 1e-4. The check can tell: stopped at 10 evaluations the order changes."""
+    from orchestrator import backends
+    from orchestrator.planner.calibrate import MAX_EVALS
+    from orchestrator.records.ledger import read_records
+    from orchestrator.sweep.config import DEFAULT_SWEEP, load_sweep
+    from orchestrator.sweep.study import _sampler
+
+    cfg = load_sweep(DEFAULT_SWEEP, check=False)
+    ranking = _sampler(cfg, backends.build(cfg), list).ranking
+    lines = read_records(ROOT / "tests/fixtures/default_sweep_slow_refit.jsonl")
+
+    def fitted(cap: int) -> dict[str, float]:
+        monkeypatch.setattr(guided, "REFIT_MAX_EVALS", cap)
+        r = ranking.fresh()
+        assert r.refit(lines)
+        return r.predictions()
+
+    assert guided.REFIT_MAX_EVALS < MAX_EVALS
+    full, capped = fitted(MAX_EVALS), fitted(guided.REFIT_MAX_EVALS)
+    assert sorted(capped, key=capped.get) == sorted(full, key=full.get)
+    assert max(abs(capped[k] / full[k] - 1) for k in full) < 1e-4
+    rough = fitted(10)
+    assert sorted(rough, key=rough.get) != sorted(full, key=full.get)

@@ -104,7 +104,7 @@ def _captured_residuals(monkeypatch, records, base, fit, **kw):
         seen["f"] = f
         return z0
 
-    monkeypatch.setattr(cal, "_scipy_solver", lambda tol=cal.SOLVER_TOL: solver)
+    monkeypatch.setattr(cal, "_scipy_solver", lambda tol=cal.SOLVER_TOL, max_evals=cal.MAX_EVALS: solver)
     cal.calibrate(records, base, fit=fit, **kw)
     return seen["f"]
 
