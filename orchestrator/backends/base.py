@@ -110,7 +110,7 @@ class Backend(Protocol):
     """A winner is run again before the target counts as met (a prediction repeats exactly: no)."""
     configs: Configs
     prefilter: Any
-    """Skips trials predicted over the memory budget before launch (orchestrator.plan.prefilter), or None."""
+    """Skips trials predicted over the memory budget before launch (orchestrator.calibration.prefilter), or None."""
 
     def join(self) -> None:
         """Connect to whatever runs the trials, before the sweep writes anything (ValueError: bad input)."""
@@ -131,7 +131,7 @@ class Backend(Protocol):
         ``TrialRecord`` that ran ok), since the driver that measured it is gone."""
 
     def guided_sampler(self, base: Any, records: Callable[[], Sequence[Any]]) -> Any:
-        """``sampler.kind: guided``: the planner-guided sampler over ``base`` (orchestrator.plan.guided), or ``base``
+        """``sampler.kind: guided``: the planner-guided sampler over ``base`` (orchestrator.calibration.guided), or ``base``
         alone where the planner cannot map this backend's configs, saying why."""
 
     def ledger_fields(self, kind: str, config: Any, outcome: RunOutcome, status: str,

@@ -88,7 +88,7 @@ class CommandTrials:
     def _planner(self, cfg: Any) -> tuple[Any, Any]:
         """The declared model (``planner:``) and, for ``sampler.kind: guided``, its ranking of the space, built now so
         a sweep the planner cannot guide is refused before anything runs."""
-        from orchestrator.plan import command_planner
+        from orchestrator.calibration import command_planner
 
         base_dir = Path(cfg.source).parent if cfg.source else None
         planner = command_planner.load(cfg.planner, self.configs.baseline, base_dir) if cfg.planner else None
@@ -166,7 +166,7 @@ class CommandTrials:
 
     def guided_sampler(self, base: Any, records: Callable[[], Sequence[Any]]) -> Any:
         """The guided sampler on the planner section's model, refitted on this sweep's measured step times."""
-        from orchestrator.plan import command_planner
+        from orchestrator.calibration import command_planner
 
         return command_planner.sampler_for(self.ranking, self.cfg, base, records)
 

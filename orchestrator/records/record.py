@@ -291,7 +291,7 @@ class TrialRecord:
     placement: list[dict[str, Any]] | None = None
     """Where each rank ran, in rank order: host, ip, Ray node id, GPU ids, pid (ray backend; None otherwise)."""
     planner: dict[str, Any] | None = None
-    """A guided sweep's planner view of this trial (orchestrator.plan.guided.planner_fields): its prediction with
+    """A guided sweep's planner view of this trial (orchestrator.calibration.guided.planner_fields): its prediction with
     the efficiency refitted to the trials before it, the error against the measurement, whether it picked it
     (or why the planner cannot model it). None for other samplers."""
     detail: str | None = None

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from orchestrator.__main__ import main
-from orchestrator.plan import netcal
-from orchestrator.plan.prefilter import load_cluster
+from orchestrator.calibration import netcal
+from orchestrator.calibration.prefilter import load_cluster
 from trainer.netbench import measure_local
 
 pytestmark = pytest.mark.distributed

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.parity import verdict as parity
-from orchestrator.plan.calibration import ledger_records
+from orchestrator.calibration.ledger_fit import ledger_records
 from orchestrator.records import jsonl
 from orchestrator.records.detail import DETAIL_DIR, DetailFiles
 from orchestrator.records.ledger import Ledger, read_records

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from orchestrator.__main__ import main
-from orchestrator.plan import netcal
-from orchestrator.plan.prefilter import load_cluster
+from orchestrator.calibration import netcal
+from orchestrator.calibration.prefilter import load_cluster
 from orchestrator.planner import comm
 from trainer.netbench import Row, format_table
 

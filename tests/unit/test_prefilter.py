@@ -11,7 +11,7 @@ from orchestrator.planner import (BalancedSplit, ClusterSpec, Efficiency, FirstL
 from orchestrator.planner.knobs import Consts, encode
 from orchestrator.planner.memory import stage_memory
 from orchestrator.backends.ray_trials import prefilter_from_settings
-from orchestrator.plan.prefilter import (REASON_PREFIX, MemoryPrefilter, load_cluster, mapping_notes, plan_for_trial,
+from orchestrator.calibration.prefilter import (REASON_PREFIX, MemoryPrefilter, load_cluster, mapping_notes, plan_for_trial,
                                     prefilter_summary, prefilter_summary_text)
 from orchestrator.records.record import Metrics, TrialRecord
 from trainer.config import TrainConfig, apply_overrides
@@ -186,7 +186,7 @@ def test_skips_what_cannot_fit_and_launches_what_fits():
 
 
 def test_unpredictable_configs_are_launched_and_counted(monkeypatch):
-    from orchestrator.plan import prefilter
+    from orchestrator.calibration import prefilter
 
     pf = MemoryPrefilter(CPU, EXACT, budget_bytes=1.0)
     real = prefilter.plan_for_trial

@@ -396,7 +396,7 @@ def run(args) -> int:
 
     import yaml
 
-    from orchestrator.plan.prefilter import load_cluster
+    from orchestrator.calibration.prefilter import load_cluster
 
     out = Path(args.out)
     base = Path(args.base)
