@@ -3,7 +3,7 @@
     PYTHONPATH=. .venv/bin/python bench/activation_memory.py   # -> bench/results/activation_memory.md
 
 Each layout runs on real gloo ranks (trainer.launch.spawn); every rank's ``saved_activation_peak_bytes``
-(trainer.measure.SavedActivations: autograd's saved tensors plus op-level recompute's cache) is divided by
+(trainer.measure.meters.SavedActivations: autograd's saved tensors plus op-level recompute's cache) is divided by
 the planner's activation bytes for its pipeline stage (orchestrator.calibration.prefilter.plan_for_trial, uncalibrated:
 no reserve, activation factor 1). tests/distributed/test_prefilter_real_run.py asserts 0.9-1.1 on three of
 these layouts.

@@ -22,7 +22,7 @@ class RunOutcome:
     (the infrastructure's doing, not the config's): the sweep re-queues the trial and records no verdict."""
     reason: str | None
     result: Any = None
-    """trainer.result.Result of a measured run."""
+    """trainer.measure.result.Result of a measured run."""
     prediction: dict | None = None
     wall_s: float = 0.0
     work_s: float = 0.0
@@ -46,7 +46,7 @@ class RunOutcome:
         for name, data in self.traces.items():
             (directory / name).write_bytes(data)
         if self.result is not None:
-            from trainer.profile import trace_name
+            from trainer.measure.profile import trace_name
 
             for r in self.result.ranks:
                 r.trace_file = str(directory / trace_name(r.rank)) if trace_name(r.rank) in self.traces else None

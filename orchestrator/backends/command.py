@@ -335,7 +335,7 @@ def failure_line(text: str) -> str:
 def _result(cfg: Any, parsed: ParsedLog, backend: CommandTrials, text: str) -> Any:
     """The trainer Result the sweep records: steptune's own result JSON as is; for another framework one built
     from its log (what the log does not carry stays empty or None, never estimated)."""
-    from trainer.result import Result, StepRecord, Summary
+    from trainer.measure.result import Result, StepRecord, Summary
 
     if backend.framework.result_file:
         import json

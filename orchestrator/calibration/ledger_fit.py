@@ -28,7 +28,7 @@ from orchestrator.planner.uncertainty import Uncertainty
 from orchestrator.records.ledger import read_records
 from orchestrator.records.record import TrialRecord
 from trainer.knobs import FsdpDP
-from trainer.result import Result
+from trainer.measure.result import Result
 
 METRICS = ("step_time_s", "peak_memory_bytes") + tuple(TRAINER_PHASES.values())
 CPU_FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "pp_bw_eff", "dp_bw_eff",

@@ -20,7 +20,7 @@ from orchestrator.planner import ClusterSpec, Efficiency, predict
 from orchestrator.calibration.prefilter import plan_for_trial
 from orchestrator.records.record import Metrics, TrialRecord
 from trainer.config import TrainConfig, apply_overrides
-from trainer.result import Result
+from trainer.measure.result import Result
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "ledger_v0.jsonl"
 

@@ -23,7 +23,7 @@ from orchestrator.records.ledger import Ledger, read_records
 from orchestrator.records.record import SCHEMA_VERSION, Kind, TrialRecord, line_bytes, load_records
 from orchestrator.review import report, tracking_lines
 from orchestrator.search.target import parse_target
-from trainer.result import Result
+from trainer.measure.result import Result
 from test_calibration_ledger import CLUSTER
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"

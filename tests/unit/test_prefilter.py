@@ -107,7 +107,7 @@ def test_unequal_chunks_per_rank_are_predicted():
 ])
 def test_params_grads_and_adam_state_are_exact(overrides):
     """The bytes trainer/run.py reports: parameters, .grad, and every tensor in AdamW's state."""
-    from trainer.parallelize import build_chunks
+    from trainer.parallel.parallelize import build_chunks
 
     cfg = TrainConfig.from_dict(apply_overrides(BASE, overrides))
     plan = plan_for_trial(cfg, CPU, EXACT)
@@ -135,7 +135,7 @@ def test_fsdp_model_state_is_each_ranks_dim0_shard(overrides):
     Adam moments alike) and one whole AdamW step counter per parameter: built here from the trainer's own
     modules, rank by rank. Every dim 0 of this model divides by dp, so each rank holds exactly the mean the
     planner predicts."""
-    from trainer.parallelize import build_chunks
+    from trainer.parallel.parallelize import build_chunks
 
     cfg = TrainConfig.from_dict(apply_overrides(BASE, overrides))
     plan = plan_for_trial(cfg, CPU, EXACT)
