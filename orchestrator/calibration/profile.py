@@ -333,9 +333,23 @@ def _settle(every: Sequence[Slice], runs: dict[str, dict[int, Any]], fit: Callab
     return fitted
 
 
+def _parity(kept: list[Slice], runs: Mapping[str, Mapping[int, Any]]) -> tuple[list[Slice], list[dict[str, Any]]]:
+    """``--parity``: each compute slice's median run against its canonical layout (``check_parity``), printed; the
+    slices that failed are left out of the fit. (The slices kept, the checks for the calibration file.)"""
+    from orchestrator.calibration.stability import median_run
+
+    compute = [s for s in kept if s.role == "compute"]
+    checked = check_parity(compute, [median_run(list(runs[s.name].values())) for s in compute])
+    for c, s in zip(checked, compute):
+        print(f"parity {s.name}: " + ("pass" if c["passed"] else f"FAIL ({c['why']}): left out of the fit"
+                                      if c["passed"] is False else c["why"]))
+    bad = {s.name for c, s in zip(checked, compute) if c["passed"] is False}
+    return [s for s in kept if s.name not in bad], checked
+
+
 def run(args: Any, runner: SliceRunner | None = None) -> int:
-    """``steptune profile``: ``_inputs``, ``_derive``, ``_measure``, ``_settle`` (fit), ``_write``; exit 2 before
-    running on bad input, 1 when a slice failed or a fitted parameter is still not pinned down."""
+    """``steptune profile``: ``_inputs``, ``_derive``, ``_measure``, ``_parity``, ``_settle`` (fit), ``_write``; exit
+    2 before running on bad input, 1 when a slice failed or a fitted parameter is still not pinned down."""
     from orchestrator.calibration import slicefit
 
     inp = _inputs(args)
@@ -356,15 +370,7 @@ def run(args: Any, runner: SliceRunner | None = None) -> int:
         return 1
     checked: list[dict[str, Any]] = []
     if args.parity:
-        from orchestrator.calibration.stability import median_run
-
-        compute = [s for s in kept if s.role == "compute"]
-        checked = check_parity(compute, [median_run(list(runs[s.name].values())) for s in compute])
-        for c, s in zip(checked, compute):
-            print(f"parity {s.name}: " + ("pass" if c["passed"] else f"FAIL ({c['why']}): left out of the fit"
-                                          if c["passed"] is False else c["why"]))
-        bad = {s.name for c, s in zip(checked, compute) if c["passed"] is False}
-        kept = [s for s in kept if s.name not in bad]
+        kept, checked = _parity(kept, runs)
         if not any(s.role == "compute" for s in kept):
             print("every compute slice failed parity: nothing to fit, nothing written")
             return 1
