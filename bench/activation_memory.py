@@ -3,8 +3,8 @@
     PYTHONPATH=. .venv/bin/python bench/activation_memory.py   # -> bench/results/activation_memory.md
 
 Each layout runs on real gloo ranks (trainer.launch.spawn); every rank's ``saved_activation_peak_bytes``
-(trainer.measure.SavedActivations: autograd's saved tensors plus op-level recompute's cache) is divided by
-the planner's activation bytes for its pipeline stage (orchestrator.plan.prefilter.plan_for_trial, uncalibrated:
+(trainer.measure.meters.SavedActivations: autograd's saved tensors plus op-level recompute's cache) is divided by
+the planner's activation bytes for its pipeline stage (orchestrator.calibration.prefilter.plan_for_trial, uncalibrated:
 no reserve, activation factor 1). tests/distributed/test_prefilter_real_run.py asserts 0.9-1.1 on three of
 these layouts.
 """
@@ -23,7 +23,7 @@ from results_file import write_and_print  # noqa: E402 (bench/ is the script's o
 from orchestrator.planner import ClusterSpec, Efficiency  # noqa: E402
 from orchestrator.planner.knobs import Consts, encode  # noqa: E402
 from orchestrator.planner.memory import stage_memory  # noqa: E402
-from orchestrator.plan.prefilter import plan_for_trial  # noqa: E402
+from orchestrator.calibration.prefilter import plan_for_trial  # noqa: E402
 from trainer.config import TrainConfig, apply_overrides  # noqa: E402
 from trainer.launch import spawn_many  # noqa: E402
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from results_file import write_and_print  # noqa: E402 (bench/ is the script's own folder)
 
 from orchestrator.planner import apply_params, enumerate_space, plan_config_from_dict, predict  # noqa: E402
-from orchestrator.plan.prefilter import MemoryPrefilter, load_cluster  # noqa: E402
+from orchestrator.calibration.prefilter import MemoryPrefilter, load_cluster  # noqa: E402
 from trainer.config import TrainConfig, apply_overrides  # noqa: E402
 
 

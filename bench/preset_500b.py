@@ -1,6 +1,6 @@
 """The 500B preset both ways: blind (B200 datasheet + the transferred H100 efficiency set) and calibrated to
 the article's timeline (labelled so), against the article's 12 s = 8 s compute + 4 s exposed and 10 s; every
-step time with the interval a prediction carries (orchestrator/plan/interval.py) and the best configs' verdict
+step time with the interval a prediction carries (orchestrator/calibration/interval.py) and the best configs' verdict
 against 9.30 s by the sweep answer's rule (met / not met / undecided).
 
     .venv/bin/python bench/preset_500b.py [--out bench/results/preset_500b.md]
@@ -20,8 +20,8 @@ sys.path.insert(0, str(ROOT))
 
 from results_file import write_and_print  # noqa: E402
 
-from orchestrator.plan.interval import step_intervals  # noqa: E402
-from orchestrator.plan.sources import resolve  # noqa: E402
+from orchestrator.calibration.interval import step_intervals  # noqa: E402
+from orchestrator.calibration.sources import resolve  # noqa: E402
 from orchestrator.planner import apply_params, calibrate, plan_config_from_dict, predict  # noqa: E402
 from orchestrator.planner import corpus, fidelity  # noqa: E402
 from orchestrator.review.report import short_params  # noqa: E402
@@ -152,7 +152,7 @@ def main() -> None:
              "ASSUMPTION; the article states GPUs, PP8, DP80, batch, timeline). Hardware: "
              "search_spaces/clusters/b200.yaml (datasheet).", "",
              "Intervals: every step time carries the interval `steptune plan` and the model backend give it "
-             "(orchestrator/plan/interval.py). The blind set is the b200 corpus set the preset declares "
+             "(orchestrator/calibration/interval.py). The blind set is the b200 corpus set the preset declares "
              "(`planner.uncertainty: {corpus: b200}`): " + step_intervals([blind], sources)[0].basis + ".", "",
              "## (a) Blind: B200 datasheet + the H100 efficiency set (transferred, no B200 data)", "",
              "The preset's default (`planner.efficiency.basis: blind`). Efficiency: " +

@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 import landscape as LS
 from orchestrator import backends
 from orchestrator.parity import verdict as parity
-from orchestrator.plan.slices import Slice, bucket_sizes, derive_any
+from orchestrator.calibration.slices import Slice, bucket_sizes, derive_any
 from orchestrator.sweep.config import load_sweep
 
 

@@ -23,9 +23,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 import replay as R  # noqa: E402
 import slice_proof as SP  # noqa: E402
 
-from orchestrator.plan import guided  # noqa: E402
-from orchestrator.plan.calibration import DEFAULT_CLUSTER  # noqa: E402
-from orchestrator.plan.prefilter import load_cluster  # noqa: E402
+from orchestrator.calibration import guided  # noqa: E402
+from orchestrator.calibration.ledger_fit import DEFAULT_CLUSTER  # noqa: E402
+from orchestrator.calibration.prefilter import load_cluster  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

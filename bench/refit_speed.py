@@ -3,7 +3,7 @@
     PYTHONPATH=. .venv/bin/python bench/refit_speed.py --ledger results/default/trials.jsonl [--ledger ...]
         [--before 7bf8572] [--points sweep|grid] [--first 4] [--every 2] [--repeats 3] [--out FILE]
 
-Replays the refits a guided sweep makes (``PlannerRanking.refit``: ``calibration.ledger_records`` ->
+Replays the refits a guided sweep makes (``PlannerRanking.refit``: ``ledger_fit.ledger_records`` ->
 ``planner.calibrate`` with ``guided.FIT``, each warm-started from the previous fit) on growing prefixes of
 the ledger lines: ``--points sweep`` where the sweep refitted (before each line whose ``planner.fits`` count
 rose), ``--points grid`` every ``--every`` lines from ``--first`` (more refits, some of them on the few,
@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from results_file import write_and_print  # noqa: E402 (bench/ is the script's own folder)
 
-from orchestrator.plan import guided  # noqa: E402
-from orchestrator.plan.calibration import DEFAULT_CLUSTER, ledger_records  # noqa: E402
-from orchestrator.plan.prefilter import load_cluster  # noqa: E402
+from orchestrator.calibration import guided  # noqa: E402
+from orchestrator.calibration.ledger_fit import DEFAULT_CLUSTER, ledger_records  # noqa: E402
+from orchestrator.calibration.prefilter import load_cluster  # noqa: E402
 from orchestrator.planner import calibrate as calibrate_now  # noqa: E402
 from orchestrator.planner.calibrate import _evaluate  # noqa: E402
 from orchestrator.planner.knobs import encode  # noqa: E402

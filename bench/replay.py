@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from orchestrator import backends  # noqa: E402
-from orchestrator.plan import guided
+from orchestrator.calibration import guided
 from orchestrator.records import answer as A
 from orchestrator.records.record import Metrics, ParityVerdict, TrialRecord  # noqa: E402
 from orchestrator.search.target import Target  # noqa: E402
@@ -377,7 +377,7 @@ _CONFIGS: dict[str, dict] = {}
 
 
 def _line(land: Landscape, number: int, params: dict, row: dict, i: int) -> SimpleNamespace:
-    """One drawn sample as the guided sampler's refit reads a ledger record (``calibration.ledger_records``:
+    """One drawn sample as the guided sampler's refit reads a ledger record (``ledger_fit.ledger_records``:
     measured, status, trial, config, result.summary, result.phases); a replayed sample has nothing else."""
     if row["key"] not in _CONFIGS:
         _CONFIGS[row["key"]] = land.configs.build(land.configs.overrides_for(land.cfg.space, row["params"])).to_dict()
@@ -393,9 +393,9 @@ def synthetic(efficiency: Any, source: str = "search_spaces/default.yaml", noise
     """A landscape document drawn from the planner itself with ``efficiency`` as the truth: each config's runs
     are its prediction times lognormal noise (``noise_rel``); phases from the prediction's breakdown. Configs the
     planner cannot model get 1.5 x the median prediction. For tests: the parameters behind it are known."""
-    from orchestrator.plan.calibration import DEFAULT_CLUSTER
+    from orchestrator.calibration.ledger_fit import DEFAULT_CLUSTER
     from orchestrator.planner import predict
-    from orchestrator.plan.prefilter import load_cluster
+    from orchestrator.calibration.prefilter import load_cluster
 
     cfg = load_sweep(ROOT / source, check=False)
     configs = backends.build(cfg).configs
@@ -428,11 +428,11 @@ def ranking_for(land: Landscape, cluster_file: str | Path | None = None, calibra
                 ) -> guided.PlannerRanking | None:
     """The planner ranking a guided sweep of the landscape's space starts from: cpu-local.yaml's priors, or the
     given cluster file with a calibration file's efficiency (``sampler.calibration``)."""
-    from orchestrator.plan.calibration import DEFAULT_CLUSTER, load_calibration
-    from orchestrator.plan.prefilter import load_cluster
+    from orchestrator.calibration.ledger_fit import DEFAULT_CLUSTER, load_calibration
+    from orchestrator.calibration.prefilter import load_cluster
 
     if land.cfg.backend == "command":  # a black box: the model its sweep file declares (planner:), its cluster file
-        from orchestrator.plan import command_planner
+        from orchestrator.calibration import command_planner
 
         planner = backends.build(land.cfg).planner
         if planner is None:

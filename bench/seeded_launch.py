@@ -74,7 +74,7 @@ def _bucket_not_averaged() -> None:
         self.register_comm_hook(None, hook)
     DDP.__init__ = ddp_init
     try:
-        import trainer.grad_sync as gs
+        import trainer.parallel.grad_sync as gs
     except ImportError:
         return
     finish = gs.GradReducer.finish

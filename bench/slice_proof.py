@@ -19,7 +19,7 @@ with their baseline in ``--refine-rounds`` paired rounds (``<name>_<model>.refin
 under a shared machine's noise cannot tell the top configs apart). A rerun resumes every stage.
 **--landscape FILE** (one committed landscape, measured earlier on this hardware): only the slices are measured now.
 
-Then, per model: the slices fitted (``plan.slicefit``: what they pin down, each fitted parameter with its interval
+Then, per model: the slices fitted (``calibration.slicefit``: what they pin down, each fitted parameter with its interval
 over the rounds, the rest held and named), and every landscape config predicted by the priors (the cluster
 file as is) and by the slice calibration, with its 90% interval (``planner.uncertainty``). Reported against each
 config's measured median: median and worst |error|, Spearman rank correlation, whether the predicted best is
@@ -54,9 +54,9 @@ import landscape as LS  # noqa: E402
 import proof_measure as PM  # noqa: E402
 import replay as R  # noqa: E402
 
-from orchestrator.plan import guided, hardware, slicefit  # noqa: E402
-from orchestrator.plan.calibration import DEFAULT_CLUSTER, write_calibration  # noqa: E402
-from orchestrator.plan.prefilter import load_cluster  # noqa: E402
+from orchestrator.calibration import guided, hardware, slicefit  # noqa: E402
+from orchestrator.calibration.ledger_fit import DEFAULT_CLUSTER, write_calibration  # noqa: E402
+from orchestrator.calibration.prefilter import load_cluster  # noqa: E402
 from orchestrator.planner import predict  # noqa: E402
 from orchestrator.planner.uncertainty import intervals  # noqa: E402
 
@@ -397,7 +397,7 @@ def report(a: Analysis, doc: dict, cal_path: Path) -> str:
             f"{100 * statistics.median(spreads):.0f}%. Errors are against each config's median run.", "",
             f"## The fit, from slices only ({doc['ranks']} ranks each: the job's density)", "",
             f"Network: `{doc['cluster_file']}` (`steptune netcal --measure 2`, repeated until each table's fit error "
-            f"is <= 20% or its cap). Slices (`slices.derive_any`, fitted by `plan.slicefit` -> `{cal_path.name}`):", "",
+            f"is <= 20% or its cap). Slices (`slices.derive_any`, fitted by `calibration.slicefit` -> `{cal_path.name}`):", "",
             "| slice | role | runs | measured step (ms, median run) | fitted (ms) | 90% interval (ms) | error |",
             "|---|---|---:|---:|---:|---|---:|",
             *[f"| {r.name} | {r.role} | {r.runs} | {1e3 * r.measured_step_s:.2f} | {1e3 * r.fitted_step_s:.2f} | "
@@ -562,7 +562,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _density(models: Sequence[PM.Model]) -> int:
     """The ranks every slice runs on: each model's job density (they must agree: one worker group runs them all)."""
-    from orchestrator.plan.slices import density, job_world
+    from orchestrator.calibration.slices import density, job_world
 
     cluster, _ = load_cluster(ROOT / DEFAULT_CLUSTER)
     got = {density(job_world({"backend": "ray", "resources": {"world_size": m.cfg.resources.world_size}}),

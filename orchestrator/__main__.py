@@ -188,7 +188,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _calibrate_args(p: argparse.ArgumentParser) -> None:
-    from orchestrator.plan.calibration import add_calibrate_arguments
+    from orchestrator.calibration.ledger_fit import add_calibrate_arguments
 
     add_sweep_name(p)
     add_results_dir(p)
@@ -196,44 +196,44 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
 
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
-    from orchestrator.plan.cli import add_arguments
+    from orchestrator.calibration.cli import add_arguments
 
     add_arguments(p)
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from orchestrator.plan.cli import main
+    from orchestrator.calibration.cli import main
 
     return main(args)
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from orchestrator.plan.calibration import run_calibrate
+    from orchestrator.calibration.ledger_fit import run_calibrate
 
     args.sweep = pick_ledger(args).parent.name
     return run_calibrate(args)
 
 
 def _netcal_args(p: argparse.ArgumentParser) -> None:
-    from orchestrator.plan.netcal import add_arguments
+    from orchestrator.calibration.netcal import add_arguments
 
     add_arguments(p)
 
 
 def _netcal(args: argparse.Namespace) -> int:
-    from orchestrator.plan.netcal import run
+    from orchestrator.calibration.netcal import run
 
     return run(args)
 
 
 def _profile_args(p: argparse.ArgumentParser) -> None:
-    from orchestrator.plan.profile import add_arguments
+    from orchestrator.calibration.profile import add_arguments
 
     add_arguments(p)
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from orchestrator.plan.profile import run
+    from orchestrator.calibration.profile import run
 
     return run(args, _ray_slices(args.ray_address, args.slice_timeout_s))
 
@@ -241,13 +241,13 @@ def _profile(args: argparse.Namespace) -> int:
 def _ray_slices(address: str | None, timeout_s: float):
     """``steptune profile``'s slices on the sweep's trial path: a RayRunner's warm worker group (embedded local
     Ray, or the cluster at ``address``), one slice after the other, parity off (nothing here judges parity).
-    Built here because plan/ may not import backends/."""
+    Built here because calibration/ may not import backends/."""
     def run_on_ray(cfgs: list, device: str) -> tuple[list, str]:
         from types import SimpleNamespace
 
         from orchestrator.backends.ray_runner import RayRunner, run_each
         from orchestrator.backends.workers import GroupStartError
-        from orchestrator.plan.profile import RunnerUnavailable
+        from orchestrator.calibration.profile import RunnerUnavailable
         from orchestrator.sweep.config import RayConfig, ResourcesConfig
 
         res = ResourcesConfig(world_size=cfgs[0].world_size, cpus_per_rank=1.0,

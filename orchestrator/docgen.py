@@ -1,7 +1,8 @@
 """Field tables for docs/, generated from the config dataclasses: ``python -m orchestrator.docgen [--check]``.
 
 The same for the command line: docs/cli.md's subcommands and flags are read from the argparse parsers
-(``render_cli``), the rooms' list in docs/architecture.md from the rooms' docstrings.
+(``render_cli``), the rooms' lists in docs/architecture.md (the orchestrator's and the trainer's) from their
+docstrings.
 
 Each documented root (the sweep file's ``SweepConfig``, the trainer's ``TrainConfig``) is walked through its
 type hints, so a section class found here is documented wherever it is defined: moving a dataclass to another
@@ -322,7 +323,9 @@ def blocks() -> list[tuple[str, str, Callable[[], str]]]:
     from orchestrator import rooms
 
     return [(r.name, r.doc, lambda r=r: render(r)) for r in ROOTS] + [
-        ("rooms", "docs/architecture.md", rooms.render_table), ("cli", "docs/cli.md", render_cli)]
+        ("rooms", "docs/architecture.md", rooms.render_table),
+        ("trainer-rooms", "docs/architecture.md", lambda: rooms.render_table(rooms.TRAINER)),
+        ("cli", "docs/cli.md", render_cli)]
 
 
 def regenerate(text: str, name: str, doc: str, generate: Callable[[], str]) -> str:

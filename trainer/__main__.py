@@ -1,4 +1,4 @@
-"""``python -m trainer --config FILE.yaml [key=value ...] [--out result.json]``.
+"""The trainer's command line: ``python -m trainer --config FILE [key=value ...] [--out result.json]``.
 
 Under torchrun (RANK/WORLD_SIZE set) this process is one rank of the world; otherwise it spawns
 tensor_parallel.size x parallel.pp x parallel.dp local ranks itself. Either way rank results are merged into one result JSON.

@@ -51,7 +51,7 @@ class ModelConfig:
     @property
     def layer_matmuls(self) -> tuple[tuple[int, int], ...]:
         """A block's matmuls in forward order as (input width, output width): QKV, attention projection, MLP
-        up, MLP down (``trainer.model.Block``; what op-level recompute counts, and the planner's
+        up, MLP down (``trainer.model.gpt.Block``; what op-level recompute counts, and the planner's
         ``model.layer_gemms`` for trainer configs)."""
         d, f = self.d_model, self.ffn_dim
         return (d, 3 * d), (d, d), (d, f), (f, d)
@@ -67,7 +67,7 @@ class SyntheticData:
 
 @dataclass(frozen=True)
 class TokenFileData:
-    """A memory-mapped token file made by ``python -m trainer.data`` (format in docs/trainer.md)."""
+    """A memory-mapped token file made by ``python -m trainer.model.data`` (format in docs/trainer.md)."""
     kind: ClassVar[str] = "token_file"
     path: str = ""
     """Path to the ``.bin`` token file (its ``.json`` header sits beside it)."""

@@ -19,7 +19,7 @@ from typing import Callable
 import torch.multiprocessing as mp
 
 from trainer.config import TrainConfig
-from trainer.result import Result, _rank_from_dict
+from trainer.measure.result import Result, _rank_from_dict
 
 
 class RankFailed(RuntimeError):

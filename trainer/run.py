@@ -19,13 +19,13 @@ import torch.nn.functional as F
 
 from trainer import layout
 from trainer.config import FsdpDP, TorchDDP, TrainConfig
-from trainer.data import open_corpus, replica_batch
-from trainer.measure import (PhaseClock, SavedActivations, model_flops_per_token, peak_flops,
+from trainer.model.data import open_corpus, replica_batch
+from trainer.measure.meters import (PhaseClock, SavedActivations, model_flops_per_token, peak_flops,
                              process_peak_rss_bytes, recompute_flops_per_token, sync)
-from trainer.parallelize import Groups, Parallelized, parallelize
-from trainer.profile import StepProfiler
-from trainer.result import NESTED_PHASES, RankResult, Result, Span, StepRecord, merge
-from trainer.tensor_parallel import finish_grads, local, owned, tp_comm_clock, vocab_parallel_loss
+from trainer.parallel.parallelize import Groups, Parallelized, parallelize
+from trainer.measure.profile import StepProfiler
+from trainer.measure.result import NESTED_PHASES, RankResult, Result, Span, StepRecord, merge
+from trainer.parallel.tensor_parallel import finish_grads, local, owned, tp_comm_clock, vocab_parallel_loss
 
 
 class NonFiniteLoss(RuntimeError):

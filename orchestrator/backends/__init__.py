@@ -10,7 +10,7 @@ The sweep loop, the ledger and tracking do not care which ran. ``build`` is the 
 is looked at; ``load_sweep`` builds it once (validating the whole space against it) and the sweep reuses it.
 The Ray side lives here too: ``workers`` (one actor per rank, warm across trials), ``capacity``, ``ray_runner``.
 
-May import: plan, planner, records, search, parity, frameworks, units
+May import: calibration, planner, records, search, parity, frameworks, units
 """
 
 from __future__ import annotations

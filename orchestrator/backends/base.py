@@ -22,7 +22,7 @@ class RunOutcome:
     (the infrastructure's doing, not the config's): the sweep re-queues the trial and records no verdict."""
     reason: str | None
     result: Any = None
-    """trainer.result.Result of a measured run."""
+    """trainer.measure.result.Result of a measured run."""
     prediction: dict | None = None
     wall_s: float = 0.0
     work_s: float = 0.0
@@ -46,7 +46,7 @@ class RunOutcome:
         for name, data in self.traces.items():
             (directory / name).write_bytes(data)
         if self.result is not None:
-            from trainer.profile import trace_name
+            from trainer.measure.profile import trace_name
 
             for r in self.result.ranks:
                 r.trace_file = str(directory / trace_name(r.rank)) if trace_name(r.rank) in self.traces else None
@@ -110,7 +110,7 @@ class Backend(Protocol):
     """A winner is run again before the target counts as met (a prediction repeats exactly: no)."""
     configs: Configs
     prefilter: Any
-    """Skips trials predicted over the memory budget before launch (orchestrator.plan.prefilter), or None."""
+    """Skips trials predicted over the memory budget before launch (orchestrator.calibration.prefilter), or None."""
 
     def join(self) -> None:
         """Connect to whatever runs the trials, before the sweep writes anything (ValueError: bad input)."""
@@ -131,7 +131,7 @@ class Backend(Protocol):
         ``TrialRecord`` that ran ok), since the driver that measured it is gone."""
 
     def guided_sampler(self, base: Any, records: Callable[[], Sequence[Any]]) -> Any:
-        """``sampler.kind: guided``: the planner-guided sampler over ``base`` (orchestrator.plan.guided), or ``base``
+        """``sampler.kind: guided``: the planner-guided sampler over ``base`` (orchestrator.calibration.guided), or ``base``
         alone where the planner cannot map this backend's configs, saying why."""
 
     def ledger_fields(self, kind: str, config: Any, outcome: RunOutcome, status: str,

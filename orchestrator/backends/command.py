@@ -88,7 +88,7 @@ class CommandTrials:
     def _planner(self, cfg: Any) -> tuple[Any, Any]:
         """The declared model (``planner:``) and, for ``sampler.kind: guided``, its ranking of the space, built now so
         a sweep the planner cannot guide is refused before anything runs."""
-        from orchestrator.plan import command_planner
+        from orchestrator.calibration import command_planner
 
         base_dir = Path(cfg.source).parent if cfg.source else None
         planner = command_planner.load(cfg.planner, self.configs.baseline, base_dir) if cfg.planner else None
@@ -166,7 +166,7 @@ class CommandTrials:
 
     def guided_sampler(self, base: Any, records: Callable[[], Sequence[Any]]) -> Any:
         """The guided sampler on the planner section's model, refitted on this sweep's measured step times."""
-        from orchestrator.plan import command_planner
+        from orchestrator.calibration import command_planner
 
         return command_planner.sampler_for(self.ranking, self.cfg, base, records)
 
@@ -335,7 +335,7 @@ def failure_line(text: str) -> str:
 def _result(cfg: Any, parsed: ParsedLog, backend: CommandTrials, text: str) -> Any:
     """The trainer Result the sweep records: steptune's own result JSON as is; for another framework one built
     from its log (what the log does not carry stays empty or None, never estimated)."""
-    from trainer.result import Result, StepRecord, Summary
+    from trainer.measure.result import Result, StepRecord, Summary
 
     if backend.framework.result_file:
         import json

@@ -2,7 +2,7 @@
 
 Owns the sweep file's ``planner`` and ``baseline`` sections. Its outcomes carry ``prediction`` and never a
 ``result``: a prediction is never presented as a measurement. Every prediction carries its step-time
-interval (``prediction.interval``, orchestrator/plan/interval.py), which the answer's target verdict reads.
+interval (``prediction.interval``, orchestrator/calibration/interval.py), which the answer's target verdict reads.
 Its judgement is the planner's own (a predicted OOM) plus ``resources.memory_budget_gb`` on the predicted peak;
 it adds ``prediction`` to the ledger and nothing else (no overhead, no probe, nothing to confirm: a prediction
 repeats exactly).
@@ -15,8 +15,8 @@ import logging
 from typing import Any, Callable, Mapping, Sequence
 
 from orchestrator import planner as pl
-from orchestrator.plan import sources as S
-from orchestrator.plan.interval import step_intervals
+from orchestrator.calibration import sources as S
+from orchestrator.calibration.interval import step_intervals
 from orchestrator.backends.base import Judgement, RunOutcome, SpaceConfigs, within_budget
 from orchestrator.search.space import Space, params_for
 from trainer.config import flatten

@@ -182,7 +182,7 @@ def _classify(cfg: Any, run: Any) -> RunOutcome:
 
 
 def _traces(result: Any, traces: list[bytes | None] | None) -> dict[str, bytes] | None:
-    from trainer.profile import trace_name
+    from trainer.measure.profile import trace_name
 
     named = {trace_name(r.rank): t for r, t in zip(result.ranks, traces or []) if t}
     return named or None

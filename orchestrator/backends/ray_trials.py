@@ -16,9 +16,9 @@ from orchestrator.parity import trust
 from orchestrator.backends.base import (Judgement, RunOutcome, SpaceConfigs, check_measured_sweep,
                                         within_budget)
 from orchestrator.backends.ray_runner import RayRunner, connect
-from orchestrator.plan.calibration import load_calibration
-from orchestrator.plan.prefilter import SETTINGS, MemoryPrefilter, load_cluster
-from orchestrator.plan.sources import resolve_path
+from orchestrator.calibration.ledger_fit import load_calibration
+from orchestrator.calibration.prefilter import SETTINGS, MemoryPrefilter, load_cluster
+from orchestrator.calibration.sources import resolve_path
 from orchestrator.records.record import Probe
 from orchestrator.search.space import Space, params_for
 from trainer.config import TrainConfig, apply_overrides, flatten
@@ -97,7 +97,7 @@ class RayTrials:
         self.configs = TrainerConfigs(cfg.trainer, cfg.baseline, res.world_size, res.gpus_per_rank)
         base_dir = Path(cfg.source).parent if cfg.source else Path(".")
         self.prefilter = prefilter_from_settings(cfg.prefilter, base_dir, res.memory_budget_gb)
-        """Skips trials whose predicted peak memory exceeds the budget (orchestrator.plan.prefilter); None: launch all."""
+        """Skips trials whose predicted peak memory exceeds the budget (orchestrator.calibration.prefilter); None: launch all."""
 
     def join(self) -> None:
         """Join Ray before the sweep writes anything; a ray.address nothing answers at is bad input (ValueError)."""
@@ -163,7 +163,7 @@ class RayTrials:
         pass  # the parity reference is the loop's trust chain (ParityGate.resume)
 
     def guided_sampler(self, base: Any, records: Callable[[], Sequence[Any]]) -> Any:
-        from orchestrator.plan import guided
+        from orchestrator.calibration import guided
 
         return guided.sampler_for(self, base, records)
 

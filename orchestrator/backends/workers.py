@@ -25,7 +25,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.backends import capacity
-from trainer.result import RankResult
+from trainer.measure.result import RankResult
 
 log = logging.getLogger(__name__)
 

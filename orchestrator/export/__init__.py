@@ -3,5 +3,5 @@
 ``bundle`` (the export of a sweep's winner or a chosen trial); the Megatron-LM flags come from the one
 mapping in ``frameworks.megatron_flags``, which the ``command`` backend's Megatron adapter uses too.
 
-May import: sweep, review, plan, planner, records, search, parity, frameworks, units
+May import: sweep, review, calibration, planner, records, search, parity, frameworks, units
 """

@@ -27,7 +27,7 @@ from orchestrator.records import query as Q
 from orchestrator.records import answer as A
 from orchestrator.review.report import secs
 from orchestrator.sweep.config import load_saved_sweep
-from orchestrator.plan.verdict import verdict as plan_verdict, verdict_lines
+from orchestrator.calibration.verdict import verdict as plan_verdict, verdict_lines
 from orchestrator.frameworks.megatron_flags import format_args, megatron_args, megatron_args_for_plan
 from orchestrator.records.ledger import read_records
 from orchestrator.records.record import Kind, ParityVerdict, Status, TrialRecord

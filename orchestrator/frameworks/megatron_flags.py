@@ -60,7 +60,7 @@ def _model(cfg: TrainConfig, add, notes: list[str]) -> None:
     add("--ffn-hidden-size", m.ffn_dim)
     add("--seq-length", m.seq_len)
     add("--max-position-embeddings", m.seq_len)
-    # trainer/model.py: pre-norm LayerNorm, GELU MLP, bias-free linears, learned absolute positions,
+    # trainer/model/gpt.py: pre-norm LayerNorm, GELU MLP, bias-free linears, learned absolute positions,
     # separate (untied) output head, no dropout. Megatron's defaults differ on biases, tying and dropout.
     add("--normalization", "LayerNorm")
     add("--position-embedding-type", "learned_absolute")

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.result import Result
+from trainer.measure.result import Result
 
 # Settings that change the maths by design. A search over them is a different study (quality, not speed).
 MATHS_FIELDS = ("model", "data", "batch.global_batch", "optim", "run.seed", "run.steps", "run.precision")

@@ -76,7 +76,7 @@ def trainer_phase_metrics(phases: Mapping[str, Any], tensor_parallel: bool = Fal
 PRIOR_WEIGHT = 0.01
 SOLVER_TOL = 1e-12
 """scipy's xtol/ftol for a fit whose fitted values are the product (``plan calibrate``, profile, netcal). A caller
-that only ranks configs by the fit may pass a looser one (orchestrator.plan.guided.REFIT_TOL)."""
+that only ranks configs by the fit may pass a looser one (orchestrator.calibration.guided.REFIT_TOL)."""
 MAX_EVALS = 4000
 """scipy's max_nfev for such a fit. A caller that only ranks configs may stop sooner (guided.REFIT_MAX_EVALS)."""
 

@@ -286,7 +286,7 @@ def interleaved_warmup(C: Consts, K: Knobs) -> np.ndarray:
 
 def op_kept_gemms(C: Consts, K: Knobs) -> np.ndarray:
     """Which of the layer's GEMMs op-level recompute keeps, (n, GEMMs): all but every op_period-th (the
-    trainer's policy, trainer.op_checkpoint); all of them for other recompute kinds."""
+    trainer's policy, trainer.model.op_checkpoint); all of them for other recompute kinds."""
     k = np.arange(1, len(C.gemms) + 1)[None, :]
     period = col(K.op_period)
     return ~((period > 0) & (k % np.maximum(period, 1) == 0))

@@ -52,7 +52,7 @@ def upgrade_plan_dict(d: Mapping[str, Any]) -> dict[str, Any]:
 
 UNCERTAINTY_KEY = "uncertainty"
 """A planner section's statement of how sure its efficiency set is (``uncertainty: {corpus: b200}``; read by
-orchestrator/plan/sources.py). No point prediction depends on it, so the config ignores it."""
+orchestrator/calibration/sources.py). No point prediction depends on it, so the config ignores it."""
 
 
 def plan_config_from_dict(d: Mapping[str, Any], where: str = "planner") -> PlanConfig:

@@ -443,7 +443,7 @@ def interval_state(low: float, high: float, target_s: float) -> str:
 
 def predicted_interval(record: TrialRecord) -> tuple[float, float, float] | None:
     """(low, high, level) of the step-time interval a prediction carries: its ``interval`` (what the model backend
-    records: orchestrator/plan/interval.py), else its band (ledgers written before intervals, level 0.8); None for
+    records: orchestrator/calibration/interval.py), else its band (ledgers written before intervals, level 0.8); None for
     a measured line or a prediction with neither."""
     pred = record.prediction or {}
     iv = pred.get("interval")

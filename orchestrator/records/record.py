@@ -40,7 +40,7 @@ from typing import Any, Iterable, Mapping
 from orchestrator.records import result_line
 from orchestrator.records.detail import DetailMissing, detail_keys
 from orchestrator.parity.verdict import Tolerance, describe_failure
-from trainer.result import Result, Summary
+from trainer.measure.result import Result, Summary
 
 SCHEMA_VERSION = 2
 """The version ``to_line`` writes. 0: lines from before the schema (config twice, metrics = summary copy);
@@ -269,7 +269,7 @@ class TrialRecord:
     finished_at: datetime
     """When its record was made, after judgement."""
     result: Result | None = None
-    """The measured run (trainer.result.Result): None for predictions, skips and runs that produced nothing."""
+    """The measured run (trainer.measure.result.Result): None for predictions, skips and runs that produced nothing."""
     prediction: dict[str, Any] | None = None
     """The planner's prediction (orchestrator.planner), for the model backend and the memory pre-filter."""
     parity: ParityVerdict | None = None
@@ -291,7 +291,7 @@ class TrialRecord:
     placement: list[dict[str, Any]] | None = None
     """Where each rank ran, in rank order: host, ip, Ray node id, GPU ids, pid (ray backend; None otherwise)."""
     planner: dict[str, Any] | None = None
-    """A guided sweep's planner view of this trial (orchestrator.plan.guided.planner_fields): its prediction with
+    """A guided sweep's planner view of this trial (orchestrator.calibration.guided.planner_fields): its prediction with
     the efficiency refitted to the trials before it, the error against the measurement, whether it picked it
     (or why the planner cannot model it). None for other samplers."""
     detail: str | None = None

@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 from trainer.mapping import flatten
-from trainer.result import Summary
+from trainer.measure.result import Summary
 
 EMPTY_DETAIL = {"steps": [], "fingerprint": {}, "ranks": []}
 """What a result holds where its detail file has not been read (or could not be)."""

@@ -5,5 +5,5 @@
 ``timeline`` and ``plots`` (the per-rank timeline, the sweep-level pictures). All read trial records; none
 changes them.
 
-May import: records, plan, planner, search, parity, units
+May import: records, calibration, planner, search, parity, units
 """

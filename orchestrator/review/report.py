@@ -12,9 +12,9 @@ from typing import Any, TextIO
 
 from orchestrator.parity import verdict as parity
 from orchestrator.records import query as Q
-from orchestrator.plan.verdict import verdict, verdict_lines
+from orchestrator.calibration.verdict import verdict, verdict_lines
 from orchestrator.records import answer as A
-from orchestrator.plan.prefilter import prefilter_summary, prefilter_summary_text
+from orchestrator.calibration.prefilter import prefilter_summary, prefilter_summary_text
 from orchestrator.records.record import Kind, Status, TrialRecord
 from orchestrator.commands import subcommand
 from orchestrator.search.target import Target

@@ -4,5 +4,5 @@
 the sweep stops), ``study`` and ``lock`` (the Optuna study, one driver per study), ``judge`` (a finished run
 -> verdict -> ``TrialRecord`` -> ledger -> Optuna -> MLflow).
 
-May import: backends, review, plan, planner, records, search, parity, frameworks, units
+May import: backends, review, calibration, planner, records, search, parity, frameworks, units
 """

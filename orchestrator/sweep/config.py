@@ -392,7 +392,7 @@ def _check_fields(cfg: SweepConfig) -> None:
         if not ok:
             raise ValueError(f"{name}={_get(cfg, name)!r} is out of range")
     if cfg.sampler.calibration is not None:
-        from orchestrator.plan.guided import start_efficiency, start_uncertainty
+        from orchestrator.calibration.guided import start_efficiency, start_uncertainty
 
         start_efficiency(cfg.sampler, cfg.source)  # a missing or malformed file fails here, not at trial 1
         start_uncertainty(cfg.sampler, cfg.source)

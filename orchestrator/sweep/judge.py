@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Generator
 
-from orchestrator.plan import guided
+from orchestrator.calibration import guided
 from orchestrator.records import query as Q
 from orchestrator.records import answer as A
 from orchestrator.sweep import timeouts

@@ -19,7 +19,7 @@ import optuna
 from optuna.trial import TrialState
 
 from orchestrator.sweep import lock as studylock
-from orchestrator.plan.prefilter import REASON_PREFIX
+from orchestrator.calibration.prefilter import REASON_PREFIX
 from orchestrator.records.record import Kind, Status, TrialRecord
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ def bug_drop_one_microbatch():
 def bug_skip_dp_sync_on_stage1():
     if int(os.environ["RANK"]) < 2:  # pp x dp = 2 x 2: ranks 2 and 3 hold stage 1
         return
-    import trainer.grad_sync as gs
+    import trainer.parallel.grad_sync as gs
 
     class _Done:
         def wait(self):
@@ -57,7 +57,7 @@ def bug_layer_on_no_stage():
 
 
 def bug_replicas_diverge():
-    import trainer.grad_sync as gs
+    import trainer.parallel.grad_sync as gs
 
     orig = gs.GradReducer.finish
 
@@ -90,7 +90,7 @@ def bug_recompute_replays_perturbed_input():
     """Full recompute whose replay in backward runs the layers on slightly different inputs: the forward (and so
     the loss at step 0) is right, every gradient through a recomputed group is wrong. Also a Ray
     ``worker_process_setup_hook`` (tests/e2e/test_faults_parity.py), so a real sweep's ranks carry it."""
-    import trainer.model as model
+    import trainer.model.gpt as model
 
     orig = model._maybe_checkpoint
 
@@ -171,7 +171,7 @@ SMALL_BUCKET_BYTES = 100_000
 def bug_bf16_small_buckets():
     """A reducer that reduces small buckets in bf16: every replica's gradient in such a bucket is rounded to bf16
     before the all-reduce. Only with data parallelism and buckets smaller than SMALL_BUCKET_BYTES."""
-    import trainer.grad_sync as gs
+    import trainer.parallel.grad_sync as gs
 
     orig = gs.GradReducer._launch
 
@@ -198,7 +198,7 @@ def bug_loss_normaliser_wrong_for_mbs_4():
 
 def bug_last_bucket_not_averaged_under_overlap():
     """With overlap, the last bucket's all-reduced gradient is summed, not averaged, over the replicas."""
-    import trainer.grad_sync as gs
+    import trainer.parallel.grad_sync as gs
 
     orig = gs.GradReducer.finish
 
@@ -283,7 +283,7 @@ def bug_selective_recompute_tp_replays_perturbed_attention():
     """Selective recompute under tensor parallelism: the core attention's replay in backward runs on q, k, v
     off by 1e-2 (a TP region's cached input that is not the forward's). The forward and the loss at step 0 are
     right; only the attention gradients are slightly wrong, so the loss moves from step 1 on."""
-    import trainer.model as model
+    import trainer.model.gpt as model
 
     _remember_config()
     orig = model._maybe_checkpoint

@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.planner.fsdp import gather_passes
 from orchestrator.planner.knobs import Consts, encode
-from orchestrator.plan.prefilter import plan_for_trial
+from orchestrator.calibration.prefilter import plan_for_trial
 from tests.distributed._common import cfg
 from tests.distributed.fsdp_counting import count_collectives, per_step
 from tests.unit.test_prefilter import CPU, EXACT

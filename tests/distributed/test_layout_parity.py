@@ -11,7 +11,7 @@ import pytest
 from orchestrator.parity.verdict import compare, reference_from_result
 from tests.distributed._common import cfg, rel_diff
 from trainer.launch import spawn_many
-from trainer.result import Result
+from trainer.measure.result import Result
 
 pytestmark = pytest.mark.distributed
 

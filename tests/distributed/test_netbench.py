@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from orchestrator.__main__ import main
-from orchestrator.plan import netcal
-from orchestrator.plan.prefilter import load_cluster
-from trainer.netbench import measure_local
+from orchestrator.calibration import netcal
+from orchestrator.calibration.prefilter import load_cluster
+from trainer.measure.netbench import measure_local
 
 pytestmark = pytest.mark.distributed
 BASE = Path(__file__).resolve().parents[2] / "search_spaces" / "clusters" / "cpu-local.yaml"
@@ -41,7 +41,7 @@ def test_one_preempted_call_does_not_move_a_sizes_time():
     import torch
     import torch.distributed as dist
 
-    from trainer import netbench
+    from trainer.measure import netbench
     from trainer.launch import free_port
 
     if dist.is_initialized():

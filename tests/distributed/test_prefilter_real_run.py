@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.planner.knobs import Consts, encode
 from orchestrator.planner.memory import stage_memory
-from orchestrator.plan.prefilter import MemoryPrefilter, plan_for_trial
+from orchestrator.calibration.prefilter import MemoryPrefilter, plan_for_trial
 from tests.unit.test_prefilter import CPU, EXACT, tcfg
 from trainer.launch import spawn
 

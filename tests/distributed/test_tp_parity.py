@@ -12,7 +12,7 @@ import pytest
 from tests.distributed._common import cfg
 from tests.distributed.test_layout_parity import _check
 from trainer.launch import spawn_many
-from trainer.result import Result
+from trainer.measure.result import Result
 
 pytestmark = pytest.mark.distributed
 

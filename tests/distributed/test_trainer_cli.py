@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.result import Result
+from trainer.measure.result import Result
 
 pytestmark = pytest.mark.distributed
 ROOT = Path(__file__).resolve().parents[2]

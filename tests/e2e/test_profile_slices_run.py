@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from orchestrator.__main__ import main
-from orchestrator.plan.calibration import load_calibration
+from orchestrator.calibration.ledger_fit import load_calibration
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

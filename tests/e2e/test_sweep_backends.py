@@ -101,7 +101,7 @@ def test_two_worker_groups_run_trials_at_the_same_time(ray_address, sweep_file):
 
 @pytest.mark.timeout(240)
 def test_prefilter_skips_configs_predicted_over_the_memory_budget(ray_address, sweep_file):
-    from orchestrator.plan.prefilter import MemoryPrefilter, load_cluster
+    from orchestrator.calibration.prefilter import MemoryPrefilter, load_cluster
 
     cluster_file = REPO_ROOT / "search_spaces" / "clusters" / "cpu-local.yaml"
     big = {"parallel.pp": 1, "batch.micro_batch_size": 4, "recompute.kind": "none",

@@ -19,7 +19,7 @@ from orchestrator.search.target import Target
 from orchestrator.records.record import Metrics, TrialRecord
 from orchestrator.review.tracking import Tracker, tracking_uri_for
 from trainer.config import TrainConfig, apply_overrides, flatten
-from trainer.result import RankResult, Span, StepRecord, merge
+from trainer.measure.result import RankResult, Span, StepRecord, merge
 
 pytestmark = pytest.mark.e2e
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan import netcal
+from orchestrator.calibration import netcal
 from orchestrator.planner import comm
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nccl_tests"

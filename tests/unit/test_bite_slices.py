@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.plan.slices import bucket_sizes, derive_any, derive_slices, derive_trainer_slices, dp_comm_slices
+from orchestrator.calibration.slices import bucket_sizes, derive_any, derive_slices, derive_trainer_slices, dp_comm_slices
 
 from tests.unit.test_profile_slices import SWEEP, sweep
 

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.plan.calibration import (CPU_FIT, calibrate_from_ledger, calibrate_main, format_calibration,
+from orchestrator.calibration.ledger_fit import (CPU_FIT, calibrate_from_ledger, calibrate_main, format_calibration,
                                       load_calibration, write_calibration)
 from orchestrator.planner import ClusterSpec, Efficiency, predict
-from orchestrator.plan.prefilter import plan_for_trial
+from orchestrator.calibration.prefilter import plan_for_trial
 from orchestrator.records.record import Metrics, TrialRecord
 from trainer.config import TrainConfig, apply_overrides
-from trainer.result import Result
+from trainer.measure.result import Result
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "ledger_v0.jsonl"
 

@@ -98,7 +98,7 @@ def test_measured_dp_latency_replaces_the_links_hops_for_each_bucket():
     import dataclasses
 
     from orchestrator.planner import predict
-    from orchestrator.plan.prefilter import load_cluster, plan_for_trial
+    from orchestrator.calibration.prefilter import load_cluster, plan_for_trial
     from trainer.config import TrainConfig
     from pathlib import Path
 

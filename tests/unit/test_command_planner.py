@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from orchestrator import REPO_ROOT
-from orchestrator.plan import guided
+from orchestrator.calibration import guided
 from orchestrator.records.answer import key_of
 from orchestrator.sweep.config import check_sweep, from_dict
 

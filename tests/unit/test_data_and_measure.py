@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from trainer.config import ModelConfig, OpRecompute, TrainConfig
-from trainer.data import SyntheticCorpus, TokenFile, make_token_file, replica_batch
-from trainer.measure import SavedActivations, model_flops_per_token, peak_flops, recompute_flops_per_token
-from trainer.model import GPT
+from trainer.model.data import SyntheticCorpus, TokenFile, make_token_file, replica_batch
+from trainer.measure.meters import SavedActivations, model_flops_per_token, peak_flops, recompute_flops_per_token
+from trainer.model.gpt import GPT
 
 
 def test_replicas_partition_the_global_batch():
@@ -144,22 +144,22 @@ def test_cpu_peak_counts_the_flops_of_the_matmul_it_times(monkeypatch):
     read and the matmul's operands recorded (a count halved, or a matmul of other dimensions, fails)."""
     import types
 
-    from trainer import measure
+    from trainer.measure import meters
 
     ticks = iter(0.25 * i for i in range(1000))
-    monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    monkeypatch.setattr(meters, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
     shapes = []
     real_randn = torch.randn
 
     def randn(*size, **kw):
         shapes.append(tuple(size))
         return real_randn(*size, **kw)
-    monkeypatch.setattr(measure.torch, "randn", randn)
+    monkeypatch.setattr(meters.torch, "randn", randn)
     for n in (64, 128):
         shapes.clear()
-        assert measure._measure_cpu_matmul(torch.float32, n=n) == pytest.approx(2 * n ** 3 / 0.25)
+        assert meters._measure_cpu_matmul(torch.float32, n=n) == pytest.approx(2 * n ** 3 / 0.25)
         assert shapes == [(n, n), (n, n)]
-    assert "512x512x512" in measure.peak_flops(torch.device("cpu"), "fp32")[1]  # the label names what was timed
+    assert "512x512x512" in meters.peak_flops(torch.device("cpu"), "fp32")[1]  # the label names what was timed
 
 
 def test_stage_holds_exactly_the_single_process_tensors():

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from orchestrator.parity import verdict as parity
-from orchestrator.plan.calibration import ledger_records
+from orchestrator.calibration.ledger_fit import ledger_records
 from orchestrator.records import jsonl
 from orchestrator.records.detail import DETAIL_DIR, DetailFiles
 from orchestrator.records.ledger import Ledger, read_records
 from orchestrator.records.record import SCHEMA_VERSION, Kind, TrialRecord, line_bytes, load_records
 from orchestrator.review import report, tracking_lines
 from orchestrator.search.target import parse_target
-from trainer.result import Result
+from trainer.measure.result import Result
 from test_calibration_ledger import CLUSTER
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"

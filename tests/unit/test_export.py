@@ -17,7 +17,7 @@ from orchestrator.parity.verdict import Tolerance
 from orchestrator.records.record import Kind, Metrics, ParityVerdict, TrialRecord
 from trainer.__main__ import load_config
 from trainer.config import TrainConfig, apply_overrides, flatten
-from trainer.result import Result
+from trainer.measure.result import Result
 
 
 def _cfg(**overrides) -> TrainConfig:

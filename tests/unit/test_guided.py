@@ -1,4 +1,4 @@
-"""Planner-guided search (orchestrator/plan/guided.py) on a synthetic landscape whose true parameters are known."""
+"""Planner-guided search (orchestrator/calibration/guided.py) on a synthetic landscape whose true parameters are known."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import replay as R  # noqa: E402
 
-from orchestrator.plan import guided  # noqa: E402
-from orchestrator.plan.prefilter import load_cluster  # noqa: E402
+from orchestrator.calibration import guided  # noqa: E402
+from orchestrator.calibration.prefilter import load_cluster  # noqa: E402
 
 
 @pytest.fixture(scope="module")

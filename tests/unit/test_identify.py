@@ -1,5 +1,5 @@
 """What measurements can pin down (planner.identify), intervals carried to predictions (planner.uncertainty),
-and the density rule (plan.slices.density): pure, from tables, no runs."""
+and the density rule (calibration.slices.density): pure, from tables, no runs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import yaml
 
-from orchestrator.plan.slices import density, derive_any, job_world, pp_comm_slices, schedules
+from orchestrator.calibration.slices import density, derive_any, job_world, pp_comm_slices, schedules
 from orchestrator.planner import apply_params, plan_config_from_dict
 from orchestrator.planner.calibrate import _evaluate
 from orchestrator.planner.identify import identify
@@ -162,8 +162,8 @@ def test_the_guided_ranking_carries_a_profiles_interval_to_each_pick_and_the_led
     """A profile's uncertainty gives every candidate its interval: relative to the starting prediction, kept
     around the refitted point; planner_fields writes it into the ledger's planner entry."""
     from orchestrator import backends
-    from orchestrator.plan import guided
-    from orchestrator.plan.prefilter import load_cluster
+    from orchestrator.calibration import guided
+    from orchestrator.calibration.prefilter import load_cluster
     from orchestrator.sweep.config import load_sweep
 
     cfg = load_sweep(str(REPO / "search_spaces" / "default.yaml"), [], check=False)

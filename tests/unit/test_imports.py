@@ -157,3 +157,48 @@ def test_every_folder_is_a_room_with_a_rule(tmp_path):
     (tmp_path / "a" / "__init__.py").write_text('"""Room a, no rule."""\n')
     with pytest.raises(ValueError, match="May import"):
         rooms(tmp_path)
+
+
+def test_trainer_follows_its_sub_packages_rule():
+    """trainer/'s folders import each other only as their docstrings allow; the config imports no folder."""
+    from orchestrator.rooms import TRAINER, rooms, violations
+
+    rule = rooms(house=TRAINER)
+    assert {r.name for r in rule} == {p.parent.name for p in TRAINER.package.glob("*/*.py")}
+    bad = violations(import_graph(), rule, TRAINER)
+    assert not bad, "imports against trainer/'s 'May import' lines (trainer/<folder>/__init__.py):\n" + "\n".join(bad)
+
+
+def test_trainer_rule_sees_an_import_against_it():
+    from orchestrator.rooms import TRAINER, Room, violations
+
+    rule = [Room("model", "", (), ()), Room("parallel", "", ("model",), ())]
+    graph = {"trainer.model.gpt": {"trainer.parallel.tensor_parallel", "trainer.config"},
+             "trainer.parallel.parallelize": {"trainer.model.gpt", "trainer.layout"},
+             "trainer.config": {"trainer.knobs", "trainer.model.gpt"},
+             "trainer.knobs": {"trainer.mapping"},
+             "trainer.run": {"trainer.parallel.parallelize"},
+             "trainer.model.data": {"trainer.run"}}
+    assert violations(graph, rule, TRAINER) == [
+        "trainer.config -> trainer.model.gpt (room config may import: knobs, layout, mapping)",
+        "trainer.knobs -> trainer.mapping (room knobs may import: layout)",
+        "trainer.model.data -> trainer.run (room model may import: config, knobs, layout, mapping)",
+        "trainer.model.gpt -> trainer.parallel.tensor_parallel (room model may import: config, knobs, layout, mapping)"]
+
+
+@pytest.mark.parametrize("house", ["ORCHESTRATOR", "TRAINER"])
+def test_every_top_level_module_has_its_place(house):
+    """A new module at a package's root is a decision: a room, or a named place above the rooms or shared."""
+    from orchestrator import rooms
+
+    assert not getattr(rooms, house).loose(), (
+        f"modules at {house.lower()}/'s root that are in no room: move each into the room it serves, or name it in "
+        f"orchestrator/rooms.py's {house} (top_level or shared) with the reason")
+
+
+def test_a_loose_module_is_seen(tmp_path):
+    from orchestrator.rooms import House
+
+    for name in ("__init__", "cli", "units", "helpers"):
+        (tmp_path / f"{name}.py").write_text("")
+    assert House(tmp_path, ("cli",), {"units": ()}).loose() == ["helpers"]

@@ -14,7 +14,7 @@ from orchestrator.search.target import Target
 from orchestrator.records.ledger import read_records
 from orchestrator.records.record import Metrics, ParityVerdict, Probe, TrialRecord
 from orchestrator.records.query import OverheadStats, PruningStats
-from trainer.result import Result
+from trainer.measure.result import Result
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "ledger_v0.jsonl"
 RESULT = Result.from_dict(json.loads(FIXTURE.read_text().splitlines()[0])["result"])  # a real measured run

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from orchestrator.__main__ import main
-from orchestrator.plan import netcal
-from orchestrator.plan.prefilter import load_cluster
+from orchestrator.calibration import netcal
+from orchestrator.calibration.prefilter import load_cluster
 from orchestrator.planner import comm
-from trainer.netbench import Row, format_table
+from trainer.measure.netbench import Row, format_table
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nccl_tests"
 REPO = Path(__file__).resolve().parents[2]
@@ -286,7 +286,7 @@ def test_measure_repeats_a_table_off_the_line_up_to_the_cap_then_says_why(tmp_pa
     """--measure: every all-reduce run 3x slow on every other size (off the line whatever the repeats), the
     all-gather clean: the all-reduce is measured again until --max-repeats, the all-gather is not; the file is
     written and the warning says the cap was reached."""
-    import trainer.netbench
+    import trainer.measure.netbench
 
     calls = []
 
@@ -295,7 +295,7 @@ def test_measure_repeats_a_table_off_the_line_up_to_the_cap_then_says_why(tmp_pa
         text = _synthetic(op, ["a"] * n, 200.0, 1.3)
         return _scaled(text, lambda k: 3.0 if k % 2 else 1.0) if op == "all_reduce" else text
 
-    monkeypatch.setattr(trainer.netbench, "measure_local", fake)
+    monkeypatch.setattr(trainer.measure.netbench, "measure_local", fake)
     out = tmp_path / "c.yaml"
     assert main(["netcal", "--measure", "2", "--ops", "all_reduce,all_gather", "--repeats", "2", "--max-repeats", "4",
                  "--base", str(BASE), "--out", str(out)]) == 0
@@ -311,10 +311,10 @@ def test_measure_repeats_a_table_off_the_line_up_to_the_cap_then_says_why(tmp_pa
 def test_measure_stops_when_more_runs_no_longer_narrow_the_fit(tmp_path, monkeypatch, capsys):
     """The same off-the-line shape in every run: the pooled error holds still, so netcal stops before its cap and
     says the runs agree (the collective's shape, not noise)."""
-    import trainer.netbench
+    import trainer.measure.netbench
 
     calls = []
-    monkeypatch.setattr(trainer.netbench, "measure_local", lambda op, n: calls.append(op) or _scaled(
+    monkeypatch.setattr(trainer.measure.netbench, "measure_local", lambda op, n: calls.append(op) or _scaled(
         _synthetic(op, ["a"] * n, 200.0, 1.3), lambda k: 3.0 if k % 2 else 1.0))
     assert main(["netcal", "--measure", "2", "--ops", "all_reduce", "--repeats", "1", "--max-repeats", "9",
                  "--base", str(BASE), "--out", str(tmp_path / "c.yaml")]) == 0

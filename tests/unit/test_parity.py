@@ -9,7 +9,7 @@ import pytest
 from orchestrator.parity.verdict import (DEFAULT_TOLERANCE, MAX_WIDENING, check_space_is_throughput_only, compare,
                                  describe_failure, maths_key, reference_from_result, tolerance_from_repeats)
 from trainer.config import TrainConfig, apply_overrides, flatten
-from trainer.result import Result, StepRecord, Summary
+from trainer.measure.result import Result, StepRecord, Summary
 
 
 def make_result(losses, norms=None, fingerprint=None, replica=0.0, **cfg_over) -> Result:

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from orchestrator.review import report
-from orchestrator.plan.verdict import verdict, verdict_lines
+from orchestrator.calibration.verdict import verdict, verdict_lines
 from orchestrator.records.record import TrialRecord
 from orchestrator.planner import ClusterSpec, Efficiency, PlanConfig, predict
 from orchestrator.planner.band import Band, load_band

@@ -1,13 +1,13 @@
 """A calibration file names the hardware it measured; plan / the model backend / guided search warn when
-they are asked about other hardware (orchestrator/plan/hardware.py, sources.py)."""
+they are asked about other hardware (orchestrator/calibration/hardware.py, sources.py)."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from orchestrator.plan import hardware
-from orchestrator.plan.sources import resolve
+from orchestrator.calibration import hardware
+from orchestrator.calibration.sources import resolve
 
 PROV = {"hardware": "CPU: AMD EPYC 7B13", "torch": "2.13.0", "backend": "gloo", "cluster_peak_tflops": 0.162}
 

@@ -12,10 +12,10 @@ import yaml
 
 from orchestrator.__main__ import main
 from orchestrator.backends.planner_predictions import ModelRunner, PlannerConfigs
-from orchestrator.plan import sources as S
-from orchestrator.plan.calibration import load_uncertainty
-from orchestrator.plan.cli import plan
-from orchestrator.plan.interval import StepInterval, step_intervals
+from orchestrator.calibration import sources as S
+from orchestrator.calibration.ledger_fit import load_uncertainty
+from orchestrator.calibration.cli import plan
+from orchestrator.calibration.interval import StepInterval, step_intervals
 from orchestrator.planner import apply_params, corpus, fidelity, plan_config_from_dict
 from orchestrator.planner.corpus_uncertainty import corpus_set
 from orchestrator.planner.uncertainty import Interval, Uncertainty

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from orchestrator.backends.planner_predictions import ModelRunner, PlannerConfigs
-from orchestrator.plan import sources as S
-from orchestrator.plan.cli import plan, render
+from orchestrator.calibration import sources as S
+from orchestrator.calibration.cli import plan, render
 
 REPO = Path(__file__).resolve().parents[2]
 PRESET = REPO / "search_spaces" / "preset-500b.yaml"

@@ -11,7 +11,7 @@ from orchestrator.planner import (BalancedSplit, ClusterSpec, Efficiency, FirstL
 from orchestrator.planner.knobs import Consts, encode
 from orchestrator.planner.memory import stage_memory
 from orchestrator.backends.ray_trials import prefilter_from_settings
-from orchestrator.plan.prefilter import (REASON_PREFIX, MemoryPrefilter, load_cluster, mapping_notes, plan_for_trial,
+from orchestrator.calibration.prefilter import (REASON_PREFIX, MemoryPrefilter, load_cluster, mapping_notes, plan_for_trial,
                                     prefilter_summary, prefilter_summary_text)
 from orchestrator.records.record import Metrics, TrialRecord
 from trainer.config import TrainConfig, apply_overrides
@@ -107,7 +107,7 @@ def test_unequal_chunks_per_rank_are_predicted():
 ])
 def test_params_grads_and_adam_state_are_exact(overrides):
     """The bytes trainer/run.py reports: parameters, .grad, and every tensor in AdamW's state."""
-    from trainer.parallelize import build_chunks
+    from trainer.parallel.parallelize import build_chunks
 
     cfg = TrainConfig.from_dict(apply_overrides(BASE, overrides))
     plan = plan_for_trial(cfg, CPU, EXACT)
@@ -135,7 +135,7 @@ def test_fsdp_model_state_is_each_ranks_dim0_shard(overrides):
     Adam moments alike) and one whole AdamW step counter per parameter: built here from the trainer's own
     modules, rank by rank. Every dim 0 of this model divides by dp, so each rank holds exactly the mean the
     planner predicts."""
-    from trainer.parallelize import build_chunks
+    from trainer.parallel.parallelize import build_chunks
 
     cfg = TrainConfig.from_dict(apply_overrides(BASE, overrides))
     plan = plan_for_trial(cfg, CPU, EXACT)
@@ -186,7 +186,7 @@ def test_skips_what_cannot_fit_and_launches_what_fits():
 
 
 def test_unpredictable_configs_are_launched_and_counted(monkeypatch):
-    from orchestrator.plan import prefilter
+    from orchestrator.calibration import prefilter
 
     pf = MemoryPrefilter(CPU, EXACT, budget_bytes=1.0)
     real = prefilter.plan_for_trial

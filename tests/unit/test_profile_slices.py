@@ -1,4 +1,4 @@
-"""The slice derivation of ``steptune profile`` (orchestrator/plan/profile.py): from sweep-file tables, no processes."""
+"""The slice derivation of ``steptune profile`` (orchestrator/calibration/profile.py): from sweep-file tables, no processes."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from orchestrator.__main__ import main
-from orchestrator.plan.prefilter import load_cluster
-from orchestrator.plan.slices import derive_slices, memory_refusal
+from orchestrator.calibration.prefilter import load_cluster
+from orchestrator.calibration.slices import derive_slices, memory_refusal
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = ROOT / "search_spaces" / "clusters" / "cpu-local.yaml"
@@ -142,7 +142,7 @@ def test_cli_refuses_in_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
 def test_trainer_slices_of_a_ray_sweep_keep_its_shape_and_cover_each_knob_once():
     """``derive_trainer_slices`` of the default (ray) sweep: the trainer section's shape at 1-2 layers, pp 1,
     dp = ranks, the baseline's mbs and recompute first, each other space value once; bad flags name the flag."""
-    from orchestrator.plan.slices import derive_trainer_slices
+    from orchestrator.calibration.slices import derive_trainer_slices
 
     sweep = yaml.safe_load((ROOT / "search_spaces" / "default.yaml").read_text())
     plan = derive_trainer_slices(sweep, ranks=2, layers=1, steps=6)
@@ -177,7 +177,7 @@ RUNNER_TABLE = [
 def test_slices_run_on_the_runner_and_fall_back_to_the_local_launcher_only_when_it_cannot_start(
         monkeypatch, runner_kind, local, where):
     import trainer.launch
-    from orchestrator.plan.profile import RunnerUnavailable, run_slices
+    from orchestrator.calibration.profile import RunnerUnavailable, run_slices
 
     launched = []
     monkeypatch.setattr(trainer.launch, "spawn_many", lambda cfgs: launched.append(cfgs) or ["local"] * len(cfgs))
@@ -196,7 +196,7 @@ def test_any_sweep_file_several_layer_and_rank_counts_and_the_dp_comm_slices():
     """``derive_any``: a ray-backend file (the default sweep) at --ranks 1,2 --layers 1,2 gives each combination's
     slices, plus the data-parallel slices (each bucket size of the space, overlap off and on) at 2 ranks and the
     most layers; a model-backend file gets the same naming; an unknown backend is named."""
-    from orchestrator.plan.slices import derive_any
+    from orchestrator.calibration.slices import derive_any
 
     ray = yaml.safe_load((ROOT / "search_spaces" / "default.yaml").read_text())
     plan, comm = derive_any(ray, [1, 2], [1, 2], steps=4)

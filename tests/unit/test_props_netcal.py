@@ -7,7 +7,7 @@ from pathlib import Path
 
 from hypothesis import given, settings, strategies as st
 
-from orchestrator.plan import netcal
+from orchestrator.calibration import netcal
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nccl_tests"
 OUTPUTS = {name: (FIX / name).read_text() for name in ("all_reduce_perf_8gpu.txt", "all_gather_perf_2node.txt",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import assume, given, settings, strategies as st
 
-from orchestrator.plan.slices import derive_slices
+from orchestrator.calibration.slices import derive_slices
 from orchestrator.planner.parse import plan_config_from_dict
 from trainer.config import TrainConfig
 

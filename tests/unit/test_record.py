@@ -22,7 +22,7 @@ from orchestrator.records import answer as A
 from orchestrator.search.target import Target
 from orchestrator.records.record import (SCHEMA_VERSION, Kind, Metrics, Probe, Status, TrialRecord, line_bytes,
                                  load_records)
-from trainer.result import Result
+from trainer.measure.result import Result
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "ledger_v0.jsonl"
 

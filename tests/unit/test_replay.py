@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import replay as R  # noqa: E402
 
 from orchestrator.records import answer as A  # noqa: E402
-from orchestrator.plan.prefilter import load_cluster  # noqa: E402
+from orchestrator.calibration.prefilter import load_cluster  # noqa: E402
 
 
 @pytest.fixture(scope="module")

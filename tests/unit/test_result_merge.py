@@ -1,4 +1,4 @@
-"""trainer.result.merge with hand-made rank results: the step time, MFU and HFU every sweep ranks by.
+"""trainer.measure.result.merge with hand-made rank results: the step time, MFU and HFU every sweep ranks by.
 
 The expected numbers are worked out by hand below, so a mutation of the merge (the fastest rank instead of
 the slowest, warm-up updates in the median, the world size dropped from MFU) fails here (issue 10, item 17).
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.result import RankResult, StepRecord, merge
+from trainer.measure.result import RankResult, StepRecord, merge
 
 TOKENS = 512
 # Per-rank update times (s). Update 0 is the warm-up: slow on every rank (allocator, caches).

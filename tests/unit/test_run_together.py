@@ -8,7 +8,7 @@ import pytest
 from orchestrator.backends.ray_runner import _outcome, runs_local
 from orchestrator.backends.workers import RunDone
 from trainer.config import TrainConfig, apply_overrides
-from trainer.result import RankResult, StepRecord
+from trainer.measure.result import RankResult, StepRecord
 
 CANONICAL = TrainConfig.from_dict(apply_overrides({}, {"batch.micro_batch_size": 8, "run.steps": 4}))
 CHECK = TrainConfig.from_dict(apply_overrides({}, {"batch.micro_batch_size": 1, "run.steps": 4}))

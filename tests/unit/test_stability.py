@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.plan import slicefit
-from orchestrator.plan.prefilter import load_cluster, plan_for_trial
-from orchestrator.plan.slices import derive_any
-from orchestrator.plan.stability import Unpinned, allowed_half_width, median_run, round_resamples, unpinned
+from orchestrator.calibration import slicefit
+from orchestrator.calibration.prefilter import load_cluster, plan_for_trial
+from orchestrator.calibration.slices import derive_any
+from orchestrator.calibration.stability import Unpinned, allowed_half_width, median_run, round_resamples, unpinned
 from orchestrator.planner.calibrate import _evaluate
 from orchestrator.planner.knobs import encode
 

@@ -19,8 +19,8 @@ from orchestrator.sweep.config import load_sweep
 from orchestrator.records.record import Metrics, TrialRecord
 from orchestrator.search.space import suggest
 from orchestrator.sweep.loop import Sweep
-from trainer.profile import trace_name
-from trainer.result import RankResult, StepRecord, merge
+from trainer.measure.profile import trace_name
+from trainer.measure.result import RankResult, StepRecord, merge
 
 SPACE = {"params": {"batch.micro_batch_size": {"type": "categorical", "choices": [1, 2, 4]}}}
 PACE = {1: 2.0, 2: 1.0, 4: 0.5, 8: 3.0}

@@ -16,10 +16,10 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from trainer.config import (FsdpDP, FullRecompute, OpRecompute, ReplicateDP, SelectiveRecompute, TorchDDP,
                             TrainConfig)
-from trainer.grad_sync import GradReducer
+from trainer.parallel.grad_sync import GradReducer
 from trainer.layout import recompute_groups, stage_ids_for_rank
-from trainer.model import GPT
-from trainer.tensor_parallel import apply_tp, compile_for_async_tp
+from trainer.model.gpt import GPT
+from trainer.parallel.tensor_parallel import apply_tp, compile_for_async_tp
 
 
 @dataclass

@@ -7,10 +7,10 @@ planned config, and each ``key=value`` changes it:
   applied on top of the baseline;
 * ``planner.<section>.<field>=value`` (``planner.efficiency.matmul_eff=0.85``) changes the planner section;
   ``planner.cluster_file=FILE`` / ``planner.calibration_file=FILE`` bring in a measured cluster (``steptune
-  netcal``) or a fitted efficiency set (orchestrator/plan/sources.py).
+  netcal``) or a fitted efficiency set (orchestrator/calibration/sources.py).
 
 Values are read as YAML scalars (``true``, ``3``, ``0.5``, ``[mlp, norm]``). Out comes the prediction: the step
-time with its interval and where the interval comes from (orchestrator/plan/interval.py), the breakdown along
+time with its interval and where the interval comes from (orchestrator/calibration/interval.py), the breakdown along
 the critical path, memory per pipeline stage, MFU with its peak basis, which efficiency set produced it, and
 the file's target judged on the interval: met, not met or undecided (``records.answer.interval_state``, the
 sweep answer's rule). ``--best`` also searches the file's whole space (``planner.grid.best_config``) and judges
@@ -102,8 +102,8 @@ def plan(path: str | Path, overrides: list[str], best: bool = False) -> dict[str
     """The prediction for the sweep file's baseline with ``overrides`` applied, as a JSON-able mapping; with
     ``best``, also the fastest config of the file's space."""
     from orchestrator import planner as pl
-    from orchestrator.plan.interval import step_intervals
-    from orchestrator.plan.sources import FILE_KEYS, UNCERTAINTY_KEY, resolve
+    from orchestrator.calibration.interval import step_intervals
+    from orchestrator.calibration.sources import FILE_KEYS, UNCERTAINTY_KEY, resolve
     from orchestrator.search.target import parse_target
 
     path = Path(path)

@@ -5,7 +5,7 @@
 with only ``layers`` layers: every micro-batch size and every recompute kind of the space, each once (not
 their product), on ``ranks`` ranks at the production tensor-parallel size when it divides them.
 ``memory_refusal`` predicts each slice's peak with the planner's memory model (the pre-filter's) before
-anything runs. Pure: nothing here runs; ``orchestrator.plan.profile`` runs and fits them.
+anything runs. Pure: nothing here runs; ``orchestrator.calibration.profile`` runs and fits them.
 """
 
 from __future__ import annotations
@@ -275,7 +275,7 @@ def pp_comm_slices(base: Any, space: Mapping[str, Any] | None, prefix: str) -> t
 def bucket_sizes(space: Mapping[str, Any] | None, base_mb: float) -> list[float]:
     """The DP bucket sizes (MB) the DP slices run: the space's ``data_parallel.bucket_mb`` choices, or a float
     range's ends and its geometric middle, or, without the knob, the trainer's own size and a tenth of it.
-    At least two, so the per-message cost and the bandwidth can be told apart (``plan.slicefit``)."""
+    At least two, so the per-message cost and the bandwidth can be told apart (``calibration.slicefit``)."""
     spec = ((space or {}).get("params") or {}).get("data_parallel.bucket_mb")
     if isinstance(spec, Mapping) and "choices" in spec:
         out = sorted({float(c) for c in spec["choices"]})
@@ -367,7 +367,7 @@ def _model_notes(m: Any) -> list[str]:
 
 def memory_refusal(slices: SlicePlan, cluster: ClusterSpec, prior: Efficiency, cluster_name: str) -> str | None:
     """One line naming the first slice predicted over the memory budget and what it needs, or None."""
-    from orchestrator.plan.prefilter import MemoryPrefilter
+    from orchestrator.calibration.prefilter import MemoryPrefilter
 
     check = MemoryPrefilter(cluster, prior)
     for s in slices.slices:

@@ -14,7 +14,7 @@ or their gradient. The context must cover the backward too; the trainer enters i
 forward-loss-backward and around ``schedule.step``, inside which the pipeline schedules run the last
 stage's loss and backward.
 
-The model itself knows nothing of this (``trainer.model`` has no torch.distributed): its attention
+The model itself knows nothing of this (``trainer.model.gpt`` has no torch.distributed): its attention
 counts heads from the QKV projection's local width, and every parameter is first initialised whole, as in
 the single-process model, then sharded, so parity holds by construction.
 """
@@ -203,7 +203,7 @@ def timed_collectives(record: Callable[[float, float], None], clock_now: Callabl
 
 def tp_comm_clock(clock) -> contextlib.AbstractContextManager:
     """``timed_collectives`` feeding a PhaseClock's ``tp_comm`` phase."""
-    from trainer.measure import sync
+    from trainer.measure.meters import sync
 
     return timed_collectives(lambda s, e: clock.add("tp_comm", s, e), clock.now, lambda: sync(clock.device))
 

@@ -130,7 +130,7 @@ class Verdict:
 class MemoryPrefilter:
     """Skip trainer configs whose predicted peak memory per rank exceeds a budget.
 
-    ``efficiency`` should be a calibrated one (``orchestrator.plan.calibration``); without it the planner's
+    ``efficiency`` should be a calibrated one (``orchestrator.calibration.ledger_fit``); without it the planner's
     defaults are used. ``budget_bytes`` defaults to the cluster's memory per GPU (``hbm_gb``). A config is
     skipped when its prediction exceeds ``budget_bytes * (1 + margin)``: a positive margin (say the
     calibrated memory fit's max error) keeps a model error from stopping a config that would have fit.

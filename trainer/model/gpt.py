@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from trainer.config import ModelConfig, OpRecompute
-from trainer.op_checkpoint import op_checkpoint
+from trainer.model.op_checkpoint import op_checkpoint
 
 
 def _maybe_checkpoint(enabled: bool, fn: Callable, *args: torch.Tensor) -> torch.Tensor:
@@ -69,7 +69,7 @@ class Block(nn.Module):
         self.recompute_modules: frozenset[str] = frozenset()
         """Selective recompute: sub-modules whose activations are dropped and recomputed in backward."""
         self.op_recompute: OpRecompute | None = None
-        """Op-level recompute (trainer.op_checkpoint): the matmuls it names and all non-kept ops; None: off."""
+        """Op-level recompute (trainer.model.op_checkpoint): the matmuls it names and all non-kept ops; None: off."""
 
     def set_selective_recompute(self, modules: Iterable[str]) -> None:
         self.recompute_modules = frozenset(modules)

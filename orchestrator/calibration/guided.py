@@ -8,7 +8,7 @@ turns with TPE in proposing trials (``sampler.kind: guided``).
   ranked high enough, so the calibration sees varied configs.
 * Then every ``every``-th trial is the recalibrated planner's best config not yet measured: before it the
   planner's efficiency parameters are refitted to every measured trial of the ledger so far with the
-  calibration code (``calibration.ledger_records`` -> ``planner.calibrate``), warm-started from the last fit.
+  calibration code (``ledger_fit.ledger_records`` -> ``planner.calibrate``), warm-started from the last fit.
   The other trials are the base sampler's (TPE), which learns from all trials, the planner's included.
 * ``sampler.calibration`` (``start_efficiency``): a calibration file, e.g. ``steptune profile``'s fit to short
   slices of the model, replaces the cluster file's prior efficiency before the first ranking, so the first
@@ -108,10 +108,10 @@ class PlannerRanking:
 
     def __init__(self, space: Any, configs: Any, cluster: Any, efficiency: Any, n_float: int = FLOAT_POINTS,
                  to_plan: Callable[..., Any] | None = None, uncertainty: Any = None):
-        from orchestrator.plan.prefilter import plan_for_trial
+        from orchestrator.calibration.prefilter import plan_for_trial
 
         # to_plan(trial config, cluster, efficiency) -> PlanConfig: the trainer's own mapping, or a command sweep's
-        # declared model (orchestrator.plan.command_planner), used for the ranking and the refits alike.
+        # declared model (orchestrator.calibration.command_planner), used for the ranking and the refits alike.
         plan_for_trial = self.to_plan = to_plan or plan_for_trial
         self.space, self.configs, self.cluster, self.n_float = space, configs, cluster, n_float
         # How sure the starting efficiency is (a profile's bootstrap replicates and residuals), or None.
@@ -185,7 +185,7 @@ class PlannerRanking:
 
     def refit(self, lines: Sequence[Mapping[str, Any]]) -> bool:
         """Refit to the ledger lines (only new ones are mapped); True when the efficiency changed."""
-        from orchestrator.plan.calibration import ledger_records
+        from orchestrator.calibration.ledger_fit import ledger_records
         from orchestrator.planner import calibrate
 
         new = list(lines[self._lines_seen:])
@@ -319,14 +319,14 @@ def start_efficiency(sampler: Any, source: str | None) -> Any:
     sampler is not guided (no other sampler has a planner to start)."""
     from pathlib import Path
 
-    from orchestrator.plan.calibration import load_calibration
-    from orchestrator.plan.sources import resolve_path
+    from orchestrator.calibration.ledger_fit import load_calibration
+    from orchestrator.calibration.sources import resolve_path
 
     if sampler.calibration is None:
         return None
     if sampler.kind != "guided":
         raise ValueError(f"sampler.calibration: only sampler.kind=guided reads it (kind is {sampler.kind})")
-    from orchestrator.plan.hardware import file_mismatch, this_host
+    from orchestrator.calibration.hardware import file_mismatch, this_host
 
     path = resolve_path(sampler.calibration, Path(source).parent if source else None)
     if w := file_mismatch(path, host=this_host(), what="the guided search"):
@@ -341,8 +341,8 @@ def start_uncertainty(sampler: Any, source: str | None) -> Any:
     """The ``uncertainty:`` section of the file ``sampler.calibration`` names (a profile's), or None."""
     from pathlib import Path
 
-    from orchestrator.plan.calibration import load_uncertainty
-    from orchestrator.plan.sources import resolve_path
+    from orchestrator.calibration.ledger_fit import load_uncertainty
+    from orchestrator.calibration.sources import resolve_path
 
     if sampler.calibration is None:
         return None
@@ -356,8 +356,8 @@ def sampler_for(backend: Any, base: BaseSampler, records: Callable[[], Sequence[
     """``sampler.kind: guided`` for a real-trials backend (``RayTrials``): GuidedSampler over ``base``, or ``base``
     alone when the planner cannot model the space (no cluster for this device, nothing mappable), saying why."""
     from orchestrator import REPO_ROOT
-    from orchestrator.plan.calibration import DEFAULT_CLUSTER
-    from orchestrator.plan.prefilter import load_cluster
+    from orchestrator.calibration.ledger_fit import DEFAULT_CLUSTER
+    from orchestrator.calibration.prefilter import load_cluster
 
     cfg, configs = backend.cfg, backend.configs
     if backend.prefilter is not None:  # the sweep's own cluster file (and calibration) for this device

@@ -18,7 +18,7 @@ the slices pin down, each fitted parameter with its bootstrap interval over the 
 * **Pinned or not** (``stability.unpinned``): a fitted parameter whose 90% interval is wider than ``PIN`` of its
   value names the slice that weighs on it most and the rounds that would pin it.
 
-Pure: the runs are handed in (``orchestrator.plan.profile`` and ``bench/slice_proof.py`` run them).
+Pure: the runs are handed in (``orchestrator.calibration.profile`` and ``bench/slice_proof.py`` run them).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from orchestrator.plan.slices import Slice
-from orchestrator.plan.stability import Unpinned, median_run, round_resamples, unpinned
+from orchestrator.calibration.slices import Slice
+from orchestrator.calibration.stability import Unpinned, median_run, round_resamples, unpinned
 from orchestrator.planner import Calibration, ClusterSpec, Efficiency, calibrate
 from orchestrator.planner.identify import Identified, identify
 from orchestrator.planner.uncertainty import Uncertainty
@@ -102,8 +102,8 @@ class SliceFit:
 def slice_records(slices: Sequence[Slice], results: Sequence[Any], cluster: ClusterSpec, prior: Efficiency
                   ) -> tuple[list[dict[str, Any]], list[str], list[tuple[str, float, float]]]:
     """(calibrate's records, a label per residual in calibrate's order, the TP rows) of the slices' results."""
-    from orchestrator.plan.calibration import measured_metrics
-    from orchestrator.plan.prefilter import plan_for_trial
+    from orchestrator.calibration.ledger_fit import measured_metrics
+    from orchestrator.calibration.prefilter import plan_for_trial
     from orchestrator.planner.calibrate import _evaluate
     from orchestrator.planner.knobs import encode
 

@@ -1,10 +1,10 @@
 """The compute and the trainer's communication, measured: a sweep file -> short real runs of its layer shape at the
 job's density -> a calibration file with each fitted parameter's interval.
 
-The slices are ``orchestrator.plan.slices`` (pure; any sweep file: the model backend's ``planner:`` section or the
+The slices are ``orchestrator.calibration.slices`` (pure; any sweep file: the model backend's ``planner:`` section or the
 ray backend's ``trainer:`` section): compute slices at one and two layers, data-parallel slices (each bucket size,
 overlap off and on) and pipeline slices (each schedule, the fewest and the most microbatches), all on as many
-ranks as a node of the job keeps busy (``slices.density``). ``orchestrator.plan.slicefit`` fits them in one go:
+ranks as a node of the job keeps busy (``slices.density``). ``orchestrator.calibration.slicefit`` fits them in one go:
 only the parameters the slices pin down (the rest held at the cluster file's priors, named), each with a
 bootstrap interval over the rounds, and an ``Uncertainty`` every prediction made with the file inherits. The
 network's TP and pipeline bandwidths stay the cluster file's (``steptune netcal`` measures them).
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from orchestrator.commands import steptune
-from orchestrator.plan.slices import Slice, SlicePlan, memory_refusal
+from orchestrator.calibration.slices import Slice, SlicePlan, memory_refusal
 
 
 SliceRunner = Callable[[list[Any], str], "tuple[list[Any], str]"]
@@ -102,8 +102,8 @@ def measurements(slices: SlicePlan, results: Sequence[Any]) -> list[dict[str, An
 
 
 def hardware_name(results: Sequence[Any]) -> str:
-    """The GPU's name from the results, or this host's CPU model for a CPU run (``plan.hardware``)."""
-    from orchestrator.plan.hardware import of_results
+    """The GPU's name from the results, or this host's CPU model for a CPU run (``calibration.hardware``)."""
+    from orchestrator.calibration.hardware import of_results
 
     return of_results(results)
 
@@ -239,9 +239,9 @@ def _inputs(args: Any) -> Inputs:
     """Read and check everything before anything runs; ValueError naming the flag or field."""
     import yaml
 
-    from orchestrator.plan.prefilter import load_cluster
-    from orchestrator.plan.slices import density, job_world
-    from orchestrator.plan.sources import resolve
+    from orchestrator.calibration.prefilter import load_cluster
+    from orchestrator.calibration.slices import density, job_world
+    from orchestrator.calibration.sources import resolve
 
     path = Path(args.config)
     if not path.is_file():
@@ -281,7 +281,7 @@ def _inputs(args: Any) -> Inputs:
 
 def _derive(inp: Inputs, args: Any) -> tuple[SlicePlan, tuple[Slice, ...]]:
     """The compute slices and the communication slices; memory checked first (ValueError naming a shrink)."""
-    from orchestrator.plan.slices import derive_any
+    from orchestrator.calibration.slices import derive_any
 
     derive = lambda f: derive_any(inp.raw, [inp.ranks], inp.layers, f, args.steps, inp.device,  # noqa: E731
                                   not args.no_dp_comm, not args.no_pp_comm)
@@ -333,10 +333,24 @@ def _settle(every: Sequence[Slice], runs: dict[str, dict[int, Any]], fit: Callab
     return fitted
 
 
+def _parity(kept: list[Slice], runs: Mapping[str, Mapping[int, Any]]) -> tuple[list[Slice], list[dict[str, Any]]]:
+    """``--parity``: each compute slice's median run against its canonical layout (``check_parity``), printed; the
+    slices that failed are left out of the fit. (The slices kept, the checks for the calibration file.)"""
+    from orchestrator.calibration.stability import median_run
+
+    compute = [s for s in kept if s.role == "compute"]
+    checked = check_parity(compute, [median_run(list(runs[s.name].values())) for s in compute])
+    for c, s in zip(checked, compute):
+        print(f"parity {s.name}: " + ("pass" if c["passed"] else f"FAIL ({c['why']}): left out of the fit"
+                                      if c["passed"] is False else c["why"]))
+    bad = {s.name for c, s in zip(checked, compute) if c["passed"] is False}
+    return [s for s in kept if s.name not in bad], checked
+
+
 def run(args: Any, runner: SliceRunner | None = None) -> int:
-    """``steptune profile``: ``_inputs``, ``_derive``, ``_measure``, ``_settle`` (fit), ``_write``; exit 2 before
-    running on bad input, 1 when a slice failed or a fitted parameter is still not pinned down."""
-    from orchestrator.plan import slicefit
+    """``steptune profile``: ``_inputs``, ``_derive``, ``_measure``, ``_parity``, ``_settle`` (fit), ``_write``; exit
+    2 before running on bad input, 1 when a slice failed or a fitted parameter is still not pinned down."""
+    from orchestrator.calibration import slicefit
 
     inp = _inputs(args)
     slices, comm = _derive(inp, args)
@@ -356,15 +370,7 @@ def run(args: Any, runner: SliceRunner | None = None) -> int:
         return 1
     checked: list[dict[str, Any]] = []
     if args.parity:
-        from orchestrator.plan.stability import median_run
-
-        compute = [s for s in kept if s.role == "compute"]
-        checked = check_parity(compute, [median_run(list(runs[s.name].values())) for s in compute])
-        for c, s in zip(checked, compute):
-            print(f"parity {s.name}: " + ("pass" if c["passed"] else f"FAIL ({c['why']}): left out of the fit"
-                                          if c["passed"] is False else c["why"]))
-        bad = {s.name for c, s in zip(checked, compute) if c["passed"] is False}
-        kept = [s for s in kept if s.name not in bad]
+        kept, checked = _parity(kept, runs)
         if not any(s.role == "compute" for s in kept):
             print("every compute slice failed parity: nothing to fit, nothing written")
             return 1
@@ -385,7 +391,7 @@ def run(args: Any, runner: SliceRunner | None = None) -> int:
 
 
 def median_of(runs: Mapping[str, Mapping[int, Any]], s: Slice) -> Any:
-    from orchestrator.plan.stability import median_run
+    from orchestrator.calibration.stability import median_run
 
     return median_run(list(runs[s.name].values()))
 
@@ -394,8 +400,8 @@ def _write(inp: Inputs, args: Any, slices: SlicePlan, kept: Sequence[Slice], run
            fitted: Any, checked: list[dict[str, Any]]) -> Path:
     import torch
 
-    from orchestrator.plan import hardware
-    from orchestrator.plan.calibration import load_calibration, write_calibration
+    from orchestrator.calibration import hardware
+    from orchestrator.calibration.ledger_fit import load_calibration, write_calibration
 
     eff = dataclasses.replace(fitted.efficiency, basis="fitted",
                               basis_note=f"steptune profile of {inp.path.name} on this node"

@@ -4,7 +4,7 @@ Update ``s`` consumes global sequences ``s*G .. s*G+G-1`` (G = batch.global_batc
 layout; a data-parallel replica takes its contiguous slice of them. Sequence ``i`` is a pure function of
 (corpus, i), so no rank needs to receive data from another.
 
-Token file format (made by ``python -m trainer.data make``): ``NAME.bin`` holds the tokens as little-endian
+Token file format (made by ``python -m trainer.model.data make``): ``NAME.bin`` holds the tokens as little-endian
 uint16 (vocab <= 65,536) or uint32, back to back; ``NAME.json`` beside it holds
 ``{"dtype": "uint16", "vocab_size": 256, "n_tokens": N, "tokenizer": "bytes"}``. Sequence i is the
 window of seq_len + 1 tokens starting at (i x seq_len) mod (n_tokens - seq_len - 1).
@@ -63,7 +63,7 @@ class TokenFile:
         header_path = path.with_suffix(".json")
         if not path.exists() or not header_path.exists():
             raise ValueError(f"data.path={str(path)!r}: need {path.name} and {header_path.name} (make them with "
-                             f"python -m trainer.data make)")
+                             f"python -m trainer.model.data make)")
         header = json.loads(header_path.read_text())
         if header["vocab_size"] > vocab_size:
             raise ValueError(f"data.path: the file's vocab_size {header['vocab_size']} exceeds model.vocab_size "
@@ -107,7 +107,7 @@ def make_token_file(inputs: list[Path], out: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m trainer.data", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trainer.model.data", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     make = sub.add_parser("make", help="tokenise text files (bytes) into NAME.bin + NAME.json")
     make.add_argument("--out", type=Path, required=True, help="output .bin path")

@@ -7,7 +7,7 @@ backend's own format (``model:``, ``job:``, ``cluster_file:`` or ``cluster:``, o
 ``calibration_file:``, ``optimizer:``, ``pipeline_comm:``). The knob sections (batch, parallel, tensor_parallel,
 pipeline, recompute, data_parallel) are each trial's own, from its config; ``planner.batch.global_batch``, where
 given, must be the trial configs' (one global batch per sweep). The guided sampler is the ray backend's
-(orchestrator.plan.guided) with this mapping in place of ``prefilter.plan_for_trial``: its picks, its online refits to
+(orchestrator.calibration.guided) with this mapping in place of ``prefilter.plan_for_trial``: its picks, its online refits to
 the measured step times of the sweep's own command trials. Nothing falls back silently: a sweep that asks for
 ``sampler.kind: guided`` without a planner section, or whose space the planner cannot model at all, is refused at
 load, and configs it cannot model are named in the log.
@@ -34,7 +34,7 @@ class CommandPlanner:
     base: PlanConfig
     """The planner section as a plan (its knob sections the baseline's, replaced per trial)."""
     sources: Any
-    """Where its figures come from (orchestrator.plan.sources.Sources)."""
+    """Where its figures come from (orchestrator.calibration.sources.Sources)."""
 
     @property
     def cluster(self) -> ClusterSpec:
@@ -61,7 +61,7 @@ class CommandPlanner:
 
 def load(planner: Mapping[str, Any], baseline: Any, base_dir: Path | None = None) -> CommandPlanner:
     """``planner:`` of a command sweep, checked against the baseline's trial config; ValueError naming the field."""
-    from orchestrator.plan import sources as S
+    from orchestrator.calibration import sources as S
     from orchestrator.planner import plan_config_from_dict
 
     if not isinstance(planner, Mapping):
@@ -99,7 +99,7 @@ def load(planner: Mapping[str, Any], baseline: Any, base_dir: Path | None = None
 def sampler_for(ranking: Any, cfg: Any, base: Any, records: Callable[[], Sequence[Any]]):
     """``sampler.kind: guided`` on a command sweep: the ray backend's guided sampler over ``base``, ranking with this
     planner's mapping (``ranking_for``, built when the sweep file was loaded)."""
-    from orchestrator.plan import guided
+    from orchestrator.calibration import guided
 
     s = cfg.sampler
     return guided.GuidedSampler(ranking, base, records, n_first=s.guided_first, every=s.guided_every)
@@ -108,7 +108,7 @@ def sampler_for(ranking: Any, cfg: Any, base: Any, records: Callable[[], Sequenc
 def ranking_for(planner: CommandPlanner, cfg: Any, configs: Any, n_float: int | None = None):
     """The planner's ranking of a command sweep's space (its efficiency: ``sampler.calibration`` where given, else
     the planner section's); ValueError when it models none of the configs, a note naming those it cannot model."""
-    from orchestrator.plan import guided
+    from orchestrator.calibration import guided
 
     eff = guided.start_efficiency(cfg.sampler, cfg.source) or planner.efficiency
     kwargs = {} if n_float is None else {"n_float": n_float}

@@ -9,12 +9,12 @@ measured files instead (``steptune plan ... planner.cluster_file=mine.yaml`` wor
   machine) replaces every inline field except ``num_gpus``, which is the job's.
 * ``calibration_file``: an efficiency set fitted to measured runs (``steptune calibrate``); it replaces the
   inline ``efficiency:`` whole, with ``basis: fitted`` and a note naming the file. Its ``uncertainty:``
-  section, when it has one (``calibration.load_uncertainty``), is how sure that fit is.
+  section, when it has one (``ledger_fit.load_uncertainty``), is how sure that fit is.
 
 A third key says how sure an inline set is: ``uncertainty: {corpus: GENERATION}`` names the corpus set the
 inline ``efficiency:`` is (the 500B preset's blind set is the ``b200`` one: the H100 fit, transferred); its
 stored bootstrap (``orchestrator/planner/corpus/uncertainty.yaml``) gives every prediction its interval
-(``plan/interval.py``). A calibration file replaces the inline set, so it replaces this too.
+(``calibration/interval.py``). A calibration file replaces the inline set, so it replaces this too.
 
 ``resolve`` returns the plain planner mapping the planner parses, and ``Sources``: one line each for the
 network and the compute side saying which parts are measured and which are priors, for every prediction, and
@@ -32,9 +32,9 @@ from typing import Any, Mapping
 import yaml
 
 from orchestrator.commands import steptune
-from orchestrator.plan.calibration import load_calibration, load_uncertainty
-from orchestrator.plan.hardware import mismatch
-from orchestrator.plan.netcal import TIER_FIELDS, measured_efficiencies
+from orchestrator.calibration.ledger_fit import load_calibration, load_uncertainty
+from orchestrator.calibration.hardware import mismatch
+from orchestrator.calibration.netcal import TIER_FIELDS, measured_efficiencies
 from orchestrator.planner.corpus_uncertainty import SetUncertainty, corpus_set
 from orchestrator.planner.parse import UNCERTAINTY_KEY
 
@@ -52,7 +52,7 @@ class Sources:
     compute: str
     """Where the efficiency set comes from."""
     warnings: tuple[str, ...] = ()
-    """A calibration file measured on other hardware than the cluster asked about (``plan.hardware``)."""
+    """A calibration file measured on other hardware than the cluster asked about (``calibration.hardware``)."""
     uncertainty: SetUncertainty | None = None
     """How sure the fit of the efficiency set is (a corpus set's or a calibration file's); None: not stated."""
     no_uncertainty: str = NO_UNCERTAINTY

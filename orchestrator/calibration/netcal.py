@@ -372,7 +372,7 @@ def add_arguments(p) -> None:
                    help="the cluster file to write; a malformed or truncated input writes nothing and names the "
                         "file and line")
     p.add_argument("--measure", type=int, default=0, metavar="N",
-                   help="first measure N local ranks with python -m trainer.netbench (gloo on CPU) and fit those "
+                   help="first measure N local ranks with python -m trainer.measure.netbench (gloo on CPU) and fit those "
                         "tables with the files given; they are saved beside --out")
     p.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter", metavar="OPS",
                    help="the collectives --measure runs, comma-separated")
@@ -396,7 +396,7 @@ def run(args) -> int:
 
     import yaml
 
-    from orchestrator.plan.prefilter import load_cluster
+    from orchestrator.calibration.prefilter import load_cluster
 
     out = Path(args.out)
     base = Path(args.base)
@@ -415,7 +415,7 @@ def run(args) -> int:
     tables = [parse(Path(p).read_text(), p, c) for c, p in inputs]
     measured: dict[str, list[Table]] = {}
     if args.measure:
-        from trainer.netbench import measure_local
+        from trainer.measure.netbench import measure_local
 
         def one(op: str) -> None:
             k = len(measured.setdefault(op, []))

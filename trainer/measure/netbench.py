@@ -1,6 +1,6 @@
 """Collective microbenchmark in nccl-tests' output format, on whatever backend the world runs (gloo on CPU).
 
-``python -m trainer.netbench --op all_reduce --nprocs 2`` starts N local ranks (torchrun's variables, like
+``python -m trainer.measure.netbench --op all_reduce --nprocs 2`` starts N local ranks (torchrun's variables, like
 the trainer's launcher) and prints the table nccl-tests' ``all_reduce_perf`` prints: the ranks and their
 hosts, then per message size the out-of-place and in-place time (microseconds), algorithm and bus bandwidth
 (GB/s, nccl-tests' conventions). Under torchrun (``RANK`` set) it joins that world instead. The output is
@@ -157,6 +157,13 @@ def run_on_world(op: str, sizes: list[int], iters: int, warmup: int, args: str) 
     return format_table(op, rows, names, args)
 
 
+def _free_port() -> int:
+    # trainer.launch has the same three lines; a measurement imports no entry point (trainer/__init__.py).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _local_rank(rank: int, world: int, port: int, ns: argparse.Namespace, out: str) -> None:
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
@@ -184,8 +191,6 @@ def measure_local(op: str, nprocs: int, min_bytes: int = 8, max_bytes: int = 16 
 
     import torch.multiprocessing as mp
 
-    from trainer.launch import free_port
-
     if op not in OPS:
         raise ValueError(f"netbench: op must be one of {', '.join(OPS)}, not {op!r}")
     if nprocs < 2:
@@ -195,13 +200,13 @@ def measure_local(op: str, nprocs: int, min_bytes: int = 8, max_bytes: int = 16 
     sizes_between(min_bytes, max_bytes, factor)  # bad sizes fail here, before any process starts
     with tempfile.TemporaryDirectory(prefix="netbench-") as d:
         out = os.path.join(d, "table.txt")
-        mp.start_processes(_local_rank, args=(nprocs, free_port(), ns, out), nprocs=nprocs, start_method="spawn")
+        mp.start_processes(_local_rank, args=(nprocs, _free_port(), ns, out), nprocs=nprocs, start_method="spawn")
         with open(out) as f:
             return f.read()
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.netbench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m trainer.measure.netbench", description=__doc__.split("\n")[0])
     p.add_argument("--op", choices=OPS, default="all_reduce")
     p.add_argument("--nprocs", type=int, default=2, help="local ranks to start (ignored under torchrun)")
     p.add_argument("--min-bytes", type=int, default=8)

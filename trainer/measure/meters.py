@@ -23,9 +23,9 @@ from torch.distributed.tensor import DTensor
 
 from trainer.config import FullRecompute, ModelConfig, OpRecompute, SelectiveRecompute, TrainConfig
 from trainer.layout import recompute_groups
-from trainer.model import matmul_params
-from trainer.op_checkpoint import counting_cached_outputs
-from trainer.result import Span
+from trainer.model.gpt import matmul_params
+from trainer.model.op_checkpoint import counting_cached_outputs
+from trainer.measure.result import Span
 
 
 def sync(device: torch.device) -> None:

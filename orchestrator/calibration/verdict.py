@@ -1,7 +1,7 @@
 """How far a model-backend answer can be trusted: its interval, where that comes from, and which efficiency set.
 
 Every model-backend prediction carries a step-time interval (``prediction.interval``: the fit's uncertainty,
-or the corpus band where none applies; orchestrator/plan/interval.py). Two picks are read from a ledger:
+or the corpus band where none applies; orchestrator/calibration/interval.py). Two picks are read from a ledger:
 
 * **point**: the fastest point estimate. It stays the ledger's "best" and the optimiser's objective, so a model
   sweep and a measured sweep rank the same way, and it is the answer's winner.

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from orchestrator.plan.sources import NO_UNCERTAINTY, Sources
+from orchestrator.calibration.sources import NO_UNCERTAINTY, Sources
 from orchestrator.planner.band import load_band
 from orchestrator.planner.config import PlanConfig
 from orchestrator.planner.uncertainty import Interval, intervals

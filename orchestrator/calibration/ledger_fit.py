@@ -1,7 +1,8 @@
-"""Calibrate the planner to a real sweep: fit its efficiency parameters to the trials in a ledger.
+"""Calibrate the planner to a real sweep: fit its efficiency parameters to the trials in a ledger; the calibration
+file's one writer and reader.
 
 ``calibrate_from_ledger`` reads ``results/<sweep>/trials.jsonl``, maps each measured trial's trainer config
-onto the planner (``orchestrator.plan.prefilter.plan_for_trial``), and hands the pairs to
+onto the planner (``orchestrator.calibration.prefilter.plan_for_trial``), and hands the pairs to
 ``orchestrator.planner.calibrate``; ``format_calibration`` prints the error per metric before and after;
 ``write_calibration`` / ``load_calibration`` store the fitted efficiency as YAML a sweep's ``prefilter:``
 section points to; ``load_uncertainty`` reads a file's ``uncertainty:`` section (how sure the fit is: its
@@ -27,7 +28,7 @@ from orchestrator.planner.uncertainty import Uncertainty
 from orchestrator.records.ledger import read_records
 from orchestrator.records.record import TrialRecord
 from trainer.knobs import FsdpDP
-from trainer.result import Result
+from trainer.measure.result import Result
 
 METRICS = ("step_time_s", "peak_memory_bytes") + tuple(TRAINER_PHASES.values())
 CPU_FIT = ("matmul_eff", "attention_eff", "op_overhead_us", "pp_bw_eff", "dp_bw_eff",
@@ -63,7 +64,7 @@ def ledger_records(lines: Sequence[TrialRecord], cluster: ClusterSpec, efficienc
 
     Returns (records, their trial numbers, (trial, why) for records that were measured but not usable).
     """
-    from orchestrator.plan.prefilter import plan_for_trial
+    from orchestrator.calibration.prefilter import plan_for_trial
     from trainer.config import TrainConfig
 
     plan_for_trial = to_plan or plan_for_trial
@@ -241,7 +242,7 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     """Fit, print and write; a ValueError names the flag or file that is wrong."""
-    from orchestrator.plan.prefilter import load_cluster
+    from orchestrator.calibration.prefilter import load_cluster
 
     fit = [f.strip() for f in args.fit.split(",") if f.strip()] if args.fit else None
     for name in fit or ():
