@@ -249,7 +249,7 @@ def pp_comm_slices(base: Any, space: Mapping[str, Any] | None, prefix: str) -> t
     each schedule of the space, at its smallest and largest micro-batch size (the job's global batch, so the most
     and the fewest microbatches, hence sends, the space runs); dp = the base's ranks / 2, no recompute. The two
     microbatch counts tell the per-send cost from the fill and drain (``Efficiency.pp_latency_us``)."""
-    from trainer.knobs import BalancedSplit, NoRecompute
+    from trainer.knobs import NoRecompute
 
     ranks = base.world_size // base.tensor_parallel.size
     if ranks < 2 or ranks % 2:
@@ -265,8 +265,8 @@ def pp_comm_slices(base: Any, space: Mapping[str, Any] | None, prefix: str) -> t
                                           if kind == "interleaved_1f1b" else
                                           _slice_batch(base.batch.global_batch, mbs, dp), micro_batch_size=mbs),
                 parallel=dataclasses.replace(base.parallel, pp=2, dp=dp),
-                pipeline=dataclasses.replace(type(base.pipeline)(), schedule=kind, virtual_stages=v,
-                                             split=BalancedSplit()),
+                # The default pipeline's split is the balanced one: one layer per model chunk.
+                pipeline=dataclasses.replace(type(base.pipeline)(), schedule=kind, virtual_stages=v),
                 recompute=NoRecompute())
             out.append(Slice(f"{prefix} pp=2 {kind} mbs={mbs}", cfg, "pp"))
     return tuple(out)
