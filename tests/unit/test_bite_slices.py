@@ -401,6 +401,8 @@ def test_pipeline_slices_take_the_smallest_and_largest_micro_batch_size_once_eac
     (16, "1f1b", 2, 16), (16, "interleaved_1f1b", 2, 16),
     # ... else the next multiple up; interleaving needs whole rounds of one microbatch per stage (2 at pp 2).
     (6, "1f1b", 4, 8), (6, "interleaved_1f1b", 4, 8), (4, "interleaved_1f1b", 4, 8),
+    # torch's 1F1B needs at least 2 microbatches (pp) per replica: 1 would be refused; GPipe runs one.
+    (4, "1f1b", 4, 8), (4, "gpipe", 4, 4), (4, "gpipe", 2, 4), (2, "1f1b", 2, 4), (4, "1f1b", 2, 4),
     (12, "1f1b", 8, 16), (12, "interleaved_1f1b", 8, 16), (8, "interleaved_1f1b", 2, 8),
     (10, "interleaved_1f1b", 2, 12), (10, "1f1b", 2, 10),
 ])
@@ -455,3 +457,13 @@ def test_the_dp_slices_are_of_the_baselines_recompute_even_when_the_second_slice
     plan, comm = derive_any(s, [2], [2])
     assert plan.slices[1].config.recompute != plan.slices[0].config.recompute
     assert comm and all(c.config.recompute == plan.slices[0].config.recompute for c in comm)
+
+
+def test_the_default_sweep_at_four_ranks_has_pipeline_slices_at_its_largest_micro_batch():
+    """Found by the table above: at dp 2 the job's 16 sequences are one microbatch of 8 per replica, which torch's
+    1F1B refuses; the slice derivation raised that instead of running the fewest microbatches 1F1B can."""
+    _, comm = derive_any(DEFAULT, [4], [2])
+    pp = {(s.config.pipeline.schedule, s.config.batch.micro_batch_size): s.config for s in comm if s.role == "pp"}
+    assert [(k, c.n_microbatches) for k, c in pp.items()] == [
+        (("gpipe", 1), 8), (("gpipe", 8), 1), (("1f1b", 1), 8), (("1f1b", 8), 2),
+        (("interleaved_1f1b", 1), 8), (("interleaved_1f1b", 8), 2)]
