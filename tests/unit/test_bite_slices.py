@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from orchestrator.calibration.slices import (bucket_sizes, density, derive_any, derive_slices, derive_trainer_slices,
-                                           dp_comm_slices, job_world, pp_comm_slices, schedules)
+                                           dp_comm_slices, job_world, pp_comm_slices, schedules, Slice)
 
 from tests.unit.test_profile_slices import SWEEP, sweep
 
@@ -467,3 +467,9 @@ def test_the_default_sweep_at_four_ranks_has_pipeline_slices_at_its_largest_micr
     assert [(k, c.n_microbatches) for k, c in pp.items()] == [
         (("gpipe", 1), 8), (("gpipe", 8), 1), (("1f1b", 1), 8), (("1f1b", 8), 2),
         (("interleaved_1f1b", 1), 8), (("interleaved_1f1b", 8), 2)]
+
+
+def test_a_slice_of_no_known_role_is_refused_naming_the_slice_and_the_roles():
+    with pytest.raises(ValueError) as e:
+        Slice("x", None, "tp")
+    assert str(e.value) == "slice x: role 'tp' is not one of compute, dp, pp"
