@@ -247,9 +247,10 @@ def schedules(space: Mapping[str, Any] | None) -> list[tuple[str, int]]:
 def pp_comm_slices(base: Any, space: Mapping[str, Any] | None, prefix: str) -> tuple[Slice, ...]:
     """The pipeline slices of one trainer slice config: 2 stages of one layer per model chunk (2 x v layers), at
     each schedule of the space, at its smallest and largest micro-batch size (the job's global batch, so the most
-    and the fewest microbatches, hence sends, the space runs); dp = the base's ranks / 2, no recompute. The two
-    microbatch counts tell the per-send cost from the fill and drain (``Efficiency.pp_latency_us``)."""
-    from trainer.knobs import BalancedSplit, NoRecompute
+    and the fewest microbatches, hence sends, the space runs; at least the 2 a 1F1B schedule needs, a multiple of
+    2 interleaved); dp = the base's ranks / 2, no recompute. The two microbatch counts tell the per-send cost
+    from the fill and drain (``Efficiency.pp_latency_us``)."""
+    from trainer.knobs import NoRecompute
 
     ranks = base.world_size // base.tensor_parallel.size
     if ranks < 2 or ranks % 2:
@@ -259,14 +260,16 @@ def pp_comm_slices(base: Any, space: Mapping[str, Any] | None, prefix: str) -> t
     for kind, v in schedules(space):
         for mbs in dict.fromkeys((sizes[0], sizes[-1])):
             dp = ranks // 2
+            # torch's 1F1B schedules need at least pp (2) microbatches per replica, interleaving a multiple of pp:
+            # where the job's global batch holds fewer, the fewest the schedule runs.
+            batch = max(_slice_batch(base.batch.global_batch, mbs * (2 if kind == "interleaved_1f1b" else 1), dp),
+                        (1 if kind == "gpipe" else 2) * mbs * dp)
             cfg = dataclasses.replace(
                 base, model=dataclasses.replace(base.model, n_layers=2 * v),
-                batch=dataclasses.replace(base.batch, global_batch=_slice_batch(base.batch.global_batch, mbs * 2, dp)
-                                          if kind == "interleaved_1f1b" else
-                                          _slice_batch(base.batch.global_batch, mbs, dp), micro_batch_size=mbs),
+                batch=dataclasses.replace(base.batch, global_batch=batch, micro_batch_size=mbs),
                 parallel=dataclasses.replace(base.parallel, pp=2, dp=dp),
-                pipeline=dataclasses.replace(type(base.pipeline)(), schedule=kind, virtual_stages=v,
-                                             split=BalancedSplit()),
+                # The default pipeline's split is the balanced one: one layer per model chunk.
+                pipeline=dataclasses.replace(type(base.pipeline)(), schedule=kind, virtual_stages=v),
                 recompute=NoRecompute())
             out.append(Slice(f"{prefix} pp=2 {kind} mbs={mbs}", cfg, "pp"))
     return tuple(out)

@@ -237,3 +237,101 @@ def test_dp_and_pp_traffic_counts_as_measured_by_the_intra_node_tier_only_when_t
     assert netcal.measured_efficiencies(cluster, {"intra_node"}) == efficiencies
     assert netcal.measured_efficiencies(cluster, {"intra_node", "inter_node"}) == ("tp_bw_eff", "dp_bw_eff",
                                                                                    "pp_bw_eff")
+
+
+# ---- repeats pooled per message size (pooled) -------------------------------------------------------------
+
+def _table(source: str, times: dict[int, list[float]], op: str = "all_reduce", hosts=("a", "a")) -> netcal.Table:
+    """Points of (size, time) in the given order; several times at one size are its out- and in-place calls."""
+    points = tuple(netcal.Point(s, t, k == 1) for s, ts in times.items() for k, t in enumerate(ts))
+    return netcal.Table(source, op, hosts, ("GPU",), points)
+
+
+def test_pooled_repeats_are_the_median_per_size_of_every_call_out_of_place_in_sizes_order():
+    first = _table("r1.txt", {1 << 20: [30.0, 31.0], 8: [5.0, 9.0]})
+    second = _table("r2.txt", {8: [6.0, 7.0], 1 << 20: [40.0, 41.0]})
+    one = netcal.pooled([first, second])
+    # Per size, the median of all four calls (out- and in-place of both repeats), sizes ascending.
+    assert one.points == (netcal.Point(8, 6.5, False), netcal.Point(1 << 20, 35.5, False))
+    assert (one.source, one.collective, one.hosts, one.devices, one.repeats) == ("r1.txt", "all_reduce",
+                                                                                   ("a", "a"), ("GPU",), 2)
+
+
+def test_one_table_is_its_own_pool_and_keeps_its_in_place_points():
+    only = _table("r1.txt", {8: [5.0, 9.0]})
+    assert netcal.pooled([only]) is only and only.points[1].in_place
+
+
+@pytest.mark.parametrize("other", [_table("r2.txt", {8: [5.0]}, op="all_gather"),
+                                   _table("r2.txt", {8: [5.0]}, hosts=("a", "b")),
+                                   _table("r2.txt", {8: [5.0]}, hosts=("a", "a", "a"))])
+def test_repeats_of_another_collective_or_other_ranks_are_refused(other):
+    first = _table("r1.txt", {8: [5.0]})
+    for tables in ([first, other], [other, first], [first, first, other]):
+        with pytest.raises(ValueError) as e:
+            netcal.pooled(tables)
+        assert str(e.value) == f"{tables[0].source}: repeats must measure one collective over the same ranks"
+
+
+# ---- tables over the line (bad_tables) ------------------------------------------------------------------
+
+def _fits(errors: dict[str, list[float]]) -> dict[str, netcal.TierFit]:
+    out = {}
+    for tier, errs in errors.items():
+        tables = tuple(_table(f"{tier}{i}.txt", {8: [5.0]}) for i in range(len(errs)))
+        out[tier] = netcal.TierFit(tier, 100.0, 5.0, 0.1, tables, tuple(errs))
+    return out
+
+
+@pytest.mark.parametrize("errors, bad", [
+    ({"intra_node": [0.1, 0.2]}, []),                                   # at FIT_WARN is not over it
+    ({"intra_node": [0.2000001, 0.1]}, [("intra_node0.txt", 0.2000001)]),
+    # Over every tier, the worst first.
+    ({"intra_node": [0.3, 0.1, 0.5], "inter_node": [0.4, 0.25]},
+     [("intra_node2.txt", 0.5), ("inter_node0.txt", 0.4), ("intra_node0.txt", 0.3), ("inter_node1.txt", 0.25)]),
+])
+def test_bad_tables_are_those_over_the_warning_line_worst_first(errors, bad):
+    assert netcal.bad_tables(_fits(errors)) == bad
+
+
+# ---- where a table leaves its tier's line (off_the_line) --------------------------------------------------
+
+def _sendrecv(times: dict[int, float]) -> netcal.Table:
+    return _table("sendrecv_perf.txt", {s: [t] for s, t in times.items()}, op="sendrecv", hosts=("a", "b"))
+
+
+# A send of s bytes on the line of 5 us latency and 10 GB/s: 5 + s / 1e4 us.
+LINE = netcal.TierFit("intra_node", 10.0, 5.0, 0.0, ())
+
+
+def test_off_the_line_names_the_two_sizes_farthest_from_the_line_relatively_in_size_order():
+    # Relative distances: 0, -0.5 (15 us on the line, 30 measured), 0, +1.01 (1005 on the line, 500 measured).
+    t = _sendrecv({10_000: 6.0, 100_000: 30.0, 1_000_000: 105.0, 10_000_000: 500.0})
+    assert netcal.off_the_line(t, LINE) == ("100000 B: 30 us measured, 15 us on the line; "
+                                            "10000000 B: 500 us measured, 1005 us on the line")
+    assert netcal.off_the_line(t, LINE, top=1) == "10000000 B: 500 us measured, 1005 us on the line"
+
+
+def test_off_the_line_weighs_a_point_below_the_line_as_much_as_one_above():
+    # 3x below the line at 1 MB (-67%) is farther than 1.5x above it at 100 kB (+50%): absolute relative distance.
+    t = _sendrecv({10_000: 6.0, 100_000: 10.0, 1_000_000: 315.0, 10_000_000: 1005.0})
+    assert netcal.off_the_line(t, LINE, top=1) == "1000000 B: 315 us measured, 105 us on the line"
+    t = _sendrecv({10_000: 6.0, 100_000: 10.0, 1_000_000: 150.0, 10_000_000: 1005.0})
+    assert netcal.off_the_line(t, LINE, top=1) == "100000 B: 10 us measured, 15 us on the line"
+
+
+def test_off_the_line_uses_the_tiers_per_gpu_bandwidth_across_nodes():
+    # An all-gather over 2 nodes x 2 ranks: 3 hops, 3/4 of the bytes, pushed through 2 members' NICs per node.
+    t = _table("all_gather_perf.txt", {4_000_000: [1000.0], 40_000_000: [4000.0]}, op="all_gather",
+               hosts=("a", "a", "b", "b"))
+    f = netcal.TierFit("inter_node", 10.0, 5.0, 0.0, ())
+    # 3 x 5 + 3e6 / 2 / 1e4 = 165 us; 3 x 5 + 3e7 / 2 / 1e4 = 1515 us.
+    assert netcal.off_the_line(t, f) == ("4000000 B: 1000 us measured, 165 us on the line; "
+                                         "40000000 B: 4000 us measured, 1515 us on the line")
+
+
+def test_off_the_line_prices_the_bytes_at_exactly_a_billion_per_gb():
+    # A 10 GB send at 10 GB/s (GB = 1e9 bytes) is 1000000.5005 us of transfer plus 5 us: 1000005.5005 us on the
+    # line, printed to the microsecond. A GB a billionth larger would put it at 1000005.4995, printed 1000005.
+    t = _sendrecv({10_000: 6.0, 10_000_005_005: 3_000_000.0})
+    assert netcal.off_the_line(t, LINE, top=1) == "10000005005 B: 3000000 us measured, 1000006 us on the line"

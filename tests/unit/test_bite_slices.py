@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.calibration.slices import bucket_sizes, derive_any, derive_slices, derive_trainer_slices, dp_comm_slices
+from orchestrator.calibration.slices import (bucket_sizes, density, derive_any, derive_slices, derive_trainer_slices,
+                                           dp_comm_slices, job_world, pp_comm_slices, schedules, Slice)
 
 from tests.unit.test_profile_slices import SWEEP, sweep
 
@@ -289,3 +290,186 @@ def test_derive_any_names_a_model_file_without_a_planner_and_a_shrunk_ray_file()
     with pytest.raises(ValueError) as e:
         derive_any(DEFAULT, [2], [2], shrink=2)
     assert str(e.value) == "--shrink: only for model-backend files (a ray sweep's trainer: shape is what runs)"
+
+
+# ---- the job's world (job_world): the ranks a slice's density is taken from -------------------------------
+
+@pytest.mark.parametrize("sweep_file, cluster_gpus, world", [
+    # A ray or command sweep runs resources.world_size ranks (2 unless set), whatever a planner section says.
+    ({"backend": "ray", "resources": {"world_size": 4}, "planner": {"cluster": {"num_gpus": 64}}}, 32, 4),
+    ({"backend": "command", "resources": {"world_size": 3}}, None, 3),
+    ({"backend": "command"}, 8, 2),
+    ({"backend": "ray", "resources": None}, None, 2),
+    ({"backend": "ray", "resources": {"world_size": None}}, None, 2),
+    ({"backend": "ray", "resources": {"world_size": "6"}}, None, 6),
+    # A model-backend file (the default backend): the file's own cluster size first ...
+    ({"planner": {"cluster": {"num_gpus": 16}}, "resources": {"world_size": 4}}, 8, 16),
+    ({"backend": "model", "planner": {"cluster": {"num_gpus": "16"}}}, None, 16),
+    # ... else the cluster file's ...
+    ({"planner": {"cluster": {}, "parallel": {"pp": 2, "dp": 3}}}, 8, 8),
+    ({"planner": {"cluster": None}}, 8, 8),
+    ({"planner": None}, 8, 8),
+    ({"backend": "model"}, 8, 8),
+    ({"planner": {"cluster": {"num_gpus": 0}}}, 8, 8),
+    # ... else tp x pp x dp of its planner section, each 1 unless set.
+    ({"planner": {"parallel": {"pp": 2, "dp": 3}, "tensor_parallel": {"size": 4}}}, None, 24),
+    ({"planner": {"parallel": {"pp": "2", "dp": "3"}, "tensor_parallel": {"size": "4"}}}, 0, 24),
+    ({"planner": {"parallel": {"pp": 2}}}, None, 2),
+    ({"planner": {"parallel": {"dp": 3}, "tensor_parallel": {}}}, None, 3),
+    ({"planner": {"tensor_parallel": {"size": 4}, "parallel": None}}, None, 4),
+    ({"planner": {"tensor_parallel": None, "parallel": {}}}, None, 1),
+    ({}, None, 1),
+])
+def test_the_jobs_world_is_the_ray_world_size_else_the_clusters_gpus_else_the_layout(sweep_file, cluster_gpus,
+                                                                                     world):
+    got = job_world(sweep_file, cluster_gpus)
+    assert got == world and type(got) is int
+
+
+# ---- the pipeline schedules of a space (schedules) ----------------------------------------------------------
+
+def _params(**params) -> dict:
+    return {"params": params}
+
+
+PP2 = {"parallel.pp": {"type": "categorical", "choices": [1, 2]}}
+
+
+@pytest.mark.parametrize("space, expected", [
+    # No pipelining at all: no schedule to measure.
+    (None, []), ({}, []), (_params(), []),
+    (_params(**{"parallel.pp": {"choices": [1]}}), []),
+    (_params(**{"parallel.pp": {"choices": [1]}, "pipeline.schedule": {"choices": ["gpipe"]}}), []),
+    # Any pp above 1 pipelines; the space's schedules in order, each once, 1f1b when it names none.
+    (_params(**{"parallel.pp": {"choices": [2]}}), [("1f1b", 1)]),
+    (_params(**{"parallel.pp": {"type": "int", "low": 1, "high": 4}}), [("1f1b", 1)]),
+    (_params(**PP2, **{"pipeline.schedule": {"choices": ["gpipe", "1f1b", "gpipe"]}}), [("gpipe", 1), ("1f1b", 1)]),
+    # Interleaving runs the space's most virtual stages (above 1), else 2; every other schedule runs 1.
+    (_params(**PP2, **{"pipeline.schedule": {"choices": ["interleaved_1f1b", "gpipe"]}}),
+     [("interleaved_1f1b", 2), ("gpipe", 1)]),
+    (_params(**PP2, **{"pipeline.schedule": {"choices": ["interleaved_1f1b"]},
+                       "pipeline.virtual_stages": {"choices": [4, 3, 1]}}), [("interleaved_1f1b", 4)]),
+    (_params(**PP2, **{"pipeline.schedule": {"choices": ["interleaved_1f1b"]},
+                       "pipeline.virtual_stages": {"choices": [1]}}), [("interleaved_1f1b", 2)]),
+    (_params(**PP2, **{"pipeline.schedule": {"choices": ["interleaved_1f1b", "1f1b"]},
+                       "pipeline.virtual_stages": {"type": "int", "low": 1, "high": 3}}),
+     [("interleaved_1f1b", 3), ("1f1b", 1)]),
+])
+def test_schedules_are_the_spaces_own_each_once_at_its_most_virtual_stages_and_none_without_pipelining(
+        space, expected):
+    assert schedules(space) == expected
+
+
+# ---- the pipeline slices (pp_comm_slices): each schedule at the smallest and largest micro-batch size --------
+
+def _base(ranks: int, global_batch: int = 16, mbs: int = 1):
+    c = derive_trainer_slices(DEFAULT, ranks=ranks, layers=2).slices[0].config
+    return dataclasses.replace(c, batch=dataclasses.replace(c.batch, global_batch=global_batch,
+                                                            micro_batch_size=mbs))
+
+
+def _pp(ranks: int, space: dict, global_batch: int = 16, mbs: int = 1):
+    return pp_comm_slices(_base(ranks, global_batch, mbs), space, "r")
+
+
+def test_pipeline_slices_run_two_stages_of_one_layer_per_chunk_with_the_other_ranks_as_replicas_and_no_recompute():
+    space = _params(**PP2, **{"pipeline.schedule": {"choices": ["1f1b", "interleaved_1f1b"]},
+                              "pipeline.virtual_stages": {"choices": [3]},
+                              "batch.micro_batch_size": {"choices": [2]}})
+    out = _pp(6, space, global_batch=24)
+    assert [(s.name, s.role) for s in out] == [("r pp=2 1f1b mbs=2", "pp"), ("r pp=2 interleaved_1f1b mbs=2", "pp")]
+    for s, v in zip(out, (1, 3)):
+        c = s.config
+        assert (c.parallel.pp, c.parallel.dp, c.world_size, c.model.n_layers) == (2, 3, 6, 2 * v)
+        assert c.pipeline == type(c.pipeline)(schedule=s.name.split()[2], virtual_stages=v)
+        assert c.stage_layers() == [[i] for i in range(2 * v)]  # one layer per model chunk
+        assert c.recompute.kind == "none" and c.batch.micro_batch_size == 2
+    assert _base(6, 24).recompute.kind == "full"  # the base recomputes; its pipeline slices do not
+
+
+def test_pipeline_slices_take_the_smallest_and_largest_micro_batch_size_once_each():
+    sizes = lambda space: [s.config.batch.micro_batch_size for s in _pp(2, space)]  # noqa: E731
+    assert sizes(_params(**PP2, **{"batch.micro_batch_size": {"choices": [4, 1, 2, 8, 2]}})) == [1, 8]
+    assert sizes(_params(**PP2, **{"batch.micro_batch_size": {"choices": [4, 4]}})) == [4]
+    # Without the knob: the base's own micro-batch size.
+    assert [s.config.batch.micro_batch_size for s in _pp(2, _params(**PP2), mbs=2)] == [2]
+    assert _pp(2, _params(**{"parallel.pp": {"choices": [1]}})) == ()
+
+
+@pytest.mark.parametrize("global_batch, schedule, mbs, expected", [
+    # The job's global batch when the replicas split it into whole microbatches ...
+    (16, "1f1b", 2, 16), (16, "interleaved_1f1b", 2, 16),
+    # ... else the next multiple up; interleaving needs whole rounds of one microbatch per stage (2 at pp 2).
+    (6, "1f1b", 4, 8), (6, "interleaved_1f1b", 4, 8), (4, "interleaved_1f1b", 4, 8),
+    # torch's 1F1B needs at least 2 microbatches (pp) per replica: 1 would be refused; GPipe runs one.
+    (4, "1f1b", 4, 8), (4, "gpipe", 4, 4), (4, "gpipe", 2, 4), (2, "1f1b", 2, 4), (4, "1f1b", 2, 4),
+    (12, "1f1b", 8, 16), (12, "interleaved_1f1b", 8, 16), (8, "interleaved_1f1b", 2, 8),
+    (10, "interleaved_1f1b", 2, 12), (10, "1f1b", 2, 10),
+])
+def test_pipeline_slices_keep_the_jobs_global_batch_in_whole_microbatches_per_replica(global_batch, schedule, mbs,
+                                                                                     expected):
+    space = _params(**PP2, **{"pipeline.schedule": {"choices": [schedule]},
+                              "batch.micro_batch_size": {"choices": [mbs]}})
+    (s,) = _pp(2, space, global_batch=global_batch)
+    assert s.config.batch.global_batch == expected
+
+
+@pytest.mark.parametrize("ranks, ok", [(1, False), (2, True), (3, False), (4, True), (5, False), (6, True)])
+def test_pipeline_slices_need_an_even_number_of_ranks_of_at_least_two(ranks, ok):
+    if ok:
+        (s,) = _pp(ranks, _params(**PP2), global_batch=60)
+        assert s.config.parallel.dp == ranks // 2
+    else:
+        with pytest.raises(ValueError) as e:
+            _pp(ranks, _params(**PP2), global_batch=60)
+        assert str(e.value) == (f"--ranks: the pipeline slices need an even number of ranks >= 2 (this slice has "
+                                f"{ranks})")
+
+
+# ---- the density rule (density): what is refused, naming the field --------------------------------------------
+
+@pytest.mark.parametrize("world, per_node, field", [(0, 8, "world"), (True, 8, "world"), ("2", 8, "world"),
+                                                    (2.0, 8, "world"), (2, False, "gpus_per_node"),
+                                                    (2, 0, "gpus_per_node")])
+def test_the_density_rule_takes_whole_positive_counts_and_names_the_field(world, per_node, field):
+    with pytest.raises(ValueError) as e:
+        density(world, per_node)
+    assert str(e.value) == f"{field}: expected an integer >= 1, got {(world if field == 'world' else per_node)!r}"
+    assert density(1, 1) == 1
+
+
+# ---- a ray sweep's slices keep the job's global batch (derive_trainer_slices) --------------------------------
+
+def test_ray_slices_run_each_micro_batch_size_on_the_jobs_global_batch_rounded_up_to_whole_microbatches():
+    # DEFAULT: global batch 16, micro-batch sizes 1, 2, 4, 8. Over 3 replicas 16 is no multiple of mbs x 3: the
+    # next one up; at 4 ranks and mbs 8 one microbatch per replica is already more than 16.
+    for ranks, batches in ((2, {1: 16, 2: 16, 4: 16, 8: 16}), (3, {1: 18, 2: 18, 4: 24, 8: 24}),
+                           (4, {1: 16, 2: 16, 4: 16, 8: 32})):
+        plan = derive_trainer_slices(DEFAULT, ranks=ranks)
+        by_mbs = {int(s.name.split("mbs=")[1].split()[0]): s.config.batch for s in plan.slices}
+        assert {m: b.global_batch for m, b in by_mbs.items()} == batches
+        assert all(b.micro_batch_size == m for m, b in by_mbs.items())
+
+
+def test_the_dp_slices_are_of_the_baselines_recompute_even_when_the_second_slice_recomputes_otherwise():
+    s = sweep(tensor_parallel={"size": 1}, parallel={"pp": 2, "dp": 4})
+    del s["space"]["params"]["batch.micro_batch_size"]  # the second slice is another recompute kind
+    plan, comm = derive_any(s, [2], [2])
+    assert plan.slices[1].config.recompute != plan.slices[0].config.recompute
+    assert comm and all(c.config.recompute == plan.slices[0].config.recompute for c in comm)
+
+
+def test_the_default_sweep_at_four_ranks_has_pipeline_slices_at_its_largest_micro_batch():
+    """Found by the table above: at dp 2 the job's 16 sequences are one microbatch of 8 per replica, which torch's
+    1F1B refuses; the slice derivation raised that instead of running the fewest microbatches 1F1B can."""
+    _, comm = derive_any(DEFAULT, [4], [2])
+    pp = {(s.config.pipeline.schedule, s.config.batch.micro_batch_size): s.config for s in comm if s.role == "pp"}
+    assert [(k, c.n_microbatches) for k, c in pp.items()] == [
+        (("gpipe", 1), 8), (("gpipe", 8), 1), (("1f1b", 1), 8), (("1f1b", 8), 2),
+        (("interleaved_1f1b", 1), 8), (("interleaved_1f1b", 8), 2)]
+
+
+def test_a_slice_of_no_known_role_is_refused_naming_the_slice_and_the_roles():
+    with pytest.raises(ValueError) as e:
+        Slice("x", None, "tp")
+    assert str(e.value) == "slice x: role 'tp' is not one of compute, dp, pp"
