@@ -47,14 +47,20 @@ the per-message collective cost and the DP overlap share: the trials' measured D
 sizes and overlap settings price the buckets (without them every refit kept picking the smallest bucket)."""
 REFIT_TOL = 1e-8
 """scipy's xtol/ftol for the online refits (orchestrator.planner.calibrate.SOLVER_TOL is 1e-12): a refit only ranks
-the candidates. On a default sweep's 31-line ledger, refitted where that sweep did (after 13 and 30 lines), 1e-8
-made a third of the solver's evaluations and left every candidate of the space in the same place (predicted step
-times within 3e-4); 1e-5 reorders them (tests/unit/test_guided.py)."""
+the candidates. On a default sweep's first 13 ledger lines, 1e-8 leaves every candidate of the space in the same
+place as 1e-12; 1e-4 reorders them (with REFIT_METHOD; 1e-5 did with "lm"; tests/unit/test_guided.py)."""
 REFIT_MAX_EVALS = 200
-"""scipy's max_nfev for the online refits (calibrate's MAX_EVALS is 4000). The first refit of a default sweep, from
-the priors on 15 ledger lines, ran the solver to 4000 evaluations (28,000 batch evaluations, 8-11 s of driver time
-between two runs on the 2-core host); stopped at 200, every candidate keeps its place and the predictions move by
-under 1e-4 (tests/unit/test_guided.py), for 5,000 batch evaluations."""
+"""scipy's max_nfev for the online refits (calibrate's MAX_EVALS is 4000): a bound on a refit's driver time. With
+REFIT_METHOD the refits of a default sweep stop at their tolerance after 20-50 evaluations, well under it. (With
+"lm", the first refit of a default sweep from the priors on 15 ledger lines ran to 4000 evaluations, 8-11 s between
+two runs; stopped at 200 it still took 1.7 s and left candidates out of place.)"""
+REFIT_METHOD = "trf"
+"""scipy's least_squares method for the online refits ("lm", MINPACK's Levenberg-Marquardt, for a kept
+calibration). The refit's problem is flat along some directions (matmul_eff 0.84 or 0.91 fit a 15-line ledger
+almost alike): "lm" crawled along it, 180 finite-difference Jacobians (1,660 residual evaluations) to the cap of
+200 and still short of the full solve, with candidates out of place (the 3rd at the second refit of a default
+sweep). The trust-region method stops at the same tolerance after 20-40 Jacobians, 5x less driver time over a
+default sweep's refits, with every candidate where the full "lm" solve puts it (tests/unit/test_guided.py)."""
 TIME_METRICS = ("step_time_s", "forward_s", "backward_incl_recompute_s", "optimizer_s", "dp_exposed_s", "pp_idle_s")
 
 log = logging.getLogger(__name__)
@@ -198,7 +204,8 @@ class PlannerRanking:
         self._records.extend(records)
         # Warm start: the last fit is the starting point (and the weak prior), so a refit takes a few steps.
         base = dataclasses.replace(self._records[0]["config"], efficiency=self.efficiency)
-        self.efficiency = calibrate(self._records, base, fit=FIT, tol=REFIT_TOL, max_evals=REFIT_MAX_EVALS).efficiency
+        self.efficiency = calibrate(self._records, base, fit=FIT, tol=REFIT_TOL, max_evals=REFIT_MAX_EVALS,
+                                   method=REFIT_METHOD).efficiency
         self.n_fits += 1
         self._pred = None
         return True

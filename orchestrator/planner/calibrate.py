@@ -79,6 +79,9 @@ SOLVER_TOL = 1e-12
 that only ranks configs by the fit may pass a looser one (orchestrator.calibration.guided.REFIT_TOL)."""
 MAX_EVALS = 4000
 """scipy's max_nfev for such a fit. A caller that only ranks configs may stop sooner (guided.REFIT_MAX_EVALS)."""
+SOLVER_METHODS = ("lm", "trf")
+"""scipy least_squares methods a fit may use: "lm" (MINPACK's Levenberg-Marquardt, the default) or "trf" (trust
+region reflective), which the guided refit uses (guided.REFIT_METHOD)."""
 
 
 @dataclass(frozen=True)
@@ -220,12 +223,15 @@ def _errors(rows: list[tuple[dict[str, float], dict[str, float]]]) -> dict[str, 
 
 def calibrate(records: Sequence[Mapping[str, Any]], base_cfg: PlanConfig, fit: Sequence[str] | None = None,
               weights: Mapping[str, float] | None = None, use_scipy: bool = True,
-              prior_weight: float = PRIOR_WEIGHT, tol: float = SOLVER_TOL, max_evals: int = MAX_EVALS) -> Calibration:
+              prior_weight: float = PRIOR_WEIGHT, tol: float = SOLVER_TOL, max_evals: int = MAX_EVALS,
+              method: str = "lm") -> Calibration:
     """Fit ``fit`` (default ``DEFAULT_FIT``) efficiency fields so predictions match ``records``.
 
     ``weights`` scales a metric's residuals; ``prior_weight`` is the pull towards the starting values
     (in the fitted coordinates), 0 for a pure least-squares fit; ``tol``: scipy's xtol and ftol; ``max_evals``:
-    scipy's max_nfev, the residual evaluations its Jacobians included (the numpy fallback ignores both).
+    scipy's max_nfev; ``method``: scipy's least_squares method, one of ``SOLVER_METHODS`` (the numpy fallback
+    ignores all three), whose max_nfev counts what that method counts ("lm": its residual evaluations outside
+    the finite-difference Jacobians).
     """
     if not records:
         raise ValueError("records: need at least one measured record")
@@ -233,6 +239,8 @@ def calibrate(records: Sequence[Mapping[str, Any]], base_cfg: PlanConfig, fit: S
         raise ValueError(f"tol: expected a number in (0, 1), got {tol!r}")
     if max_evals < 1:
         raise ValueError(f"max_evals: expected a whole number >= 1, got {max_evals!r}")
+    if method not in SOLVER_METHODS:
+        raise ValueError(f"method: expected one of {', '.join(SOLVER_METHODS)}, got {method!r}")
     names = tuple(fit or DEFAULT_FIT)
     for name in names:
         if name not in BOUNDS:
@@ -264,7 +272,7 @@ def calibrate(records: Sequence[Mapping[str, Any]], base_cfg: PlanConfig, fit: S
         return out
 
     solver = "scipy.optimize.least_squares" if use_scipy and _scipy_solver() else "levenberg-marquardt (numpy)"
-    z = _scipy_solver(tol, max_evals)(residuals, z0) if solver.startswith("scipy") else \
+    z = _scipy_solver(tol, max_evals, method)(residuals, z0) if solver.startswith("scipy") else \
         _levenberg_marquardt(residuals, z0)
     # Labelled fitted; a caller that solved it from the very timeline it will predict relabels it calibrated.
     eff = dataclasses.replace(eff_of(z), basis="fitted")
@@ -310,12 +318,12 @@ def _predict_all(batches: Sequence[_Batch], eff: Efficiency, n: int) -> list[dic
     return out
 
 
-def _scipy_solver(tol: float = SOLVER_TOL, max_evals: int = MAX_EVALS) -> Callable | None:
+def _scipy_solver(tol: float = SOLVER_TOL, max_evals: int = MAX_EVALS, method: str = "lm") -> Callable | None:
     try:
         from scipy.optimize import least_squares
     except ImportError:
         return None
-    return lambda f, z0: least_squares(f, z0, method="lm", xtol=tol, ftol=tol, max_nfev=max_evals).x
+    return lambda f, z0: least_squares(f, z0, method=method, xtol=tol, ftol=tol, max_nfev=max_evals).x
 
 
 def _levenberg_marquardt(f: Callable[[np.ndarray], np.ndarray], z: np.ndarray, iters: int = 200) -> np.ndarray:

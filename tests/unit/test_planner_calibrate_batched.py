@@ -104,7 +104,7 @@ def _captured_residuals(monkeypatch, records, base, fit, **kw):
         seen["f"] = f
         return z0
 
-    monkeypatch.setattr(cal, "_scipy_solver", lambda tol=cal.SOLVER_TOL, max_evals=cal.MAX_EVALS: solver)
+    monkeypatch.setattr(cal, "_scipy_solver", lambda tol=cal.SOLVER_TOL, max_evals=cal.MAX_EVALS, method="lm": solver)
     cal.calibrate(records, base, fit=fit, **kw)
     return seen["f"]
 
@@ -157,3 +157,8 @@ def test_fit_and_error_tables_equal_the_record_by_record_fit(use_scipy):
         assert table.keys() == want.keys()
         for metric, stats in want.items():
             assert table[metric] == pytest.approx(stats, rel=1e-9, abs=1e-9), metric
+
+
+def test_calibrate_refuses_a_solver_method_it_does_not_know_naming_the_field():
+    with pytest.raises(ValueError, match=r"^method: expected one of lm, trf, got 'dogbox'$"):
+        cal.calibrate(_records(), _base(Efficiency()), fit=FIT, method="dogbox")
