@@ -13,6 +13,7 @@ from orchestrator import REPO_ROOT
 from orchestrator.calibration import guided
 from orchestrator.records.answer import key_of
 from orchestrator.sweep.config import check_sweep, from_dict
+from tests.unit._nested import set_nested
 
 GUIDED = REPO_ROOT / "search_spaces" / "command-custom-guided.yaml"
 
@@ -21,16 +22,7 @@ def _data(tmp_path, **changes) -> dict:
     data = yaml.safe_load(GUIDED.read_text())
     data["storage"] = {"results_dir": str(tmp_path)}
     data["planner"]["cluster_file"] = str(REPO_ROOT / "search_spaces" / "clusters" / "cpu-local.yaml")
-    for dotted, v in changes.items():
-        node = data
-        *path, last = dotted.split("__")
-        for k in path:
-            node = node.setdefault(k, {})
-        if v is None:
-            node.pop(last, None)
-        else:
-            node[last] = v
-    return data
+    return set_nested(data, changes)
 
 
 def _backend(tmp_path, **changes):

@@ -14,6 +14,7 @@ from orchestrator.__main__ import main
 from orchestrator.frameworks import custom, custom_log
 from orchestrator.frameworks.adapters import framework
 from orchestrator.sweep.config import from_dict, load_sweep
+from tests.unit._nested import set_nested
 from trainer.config import TrainConfig, apply_overrides
 
 EXAMPLE = REPO_ROOT / "search_spaces" / "command-custom-cpu.yaml"
@@ -27,16 +28,7 @@ def _decl(**changes) -> custom.CustomFramework:
     from trainer.mapping import build
 
     c = copy.deepcopy(_example()["command"]["custom"])
-    for dotted, v in changes.items():
-        node = c
-        *path, last = dotted.split("__")
-        for k in path:
-            node = node.setdefault(k, {})
-        if v is None:
-            node.pop(last, None)
-        else:
-            node[last] = v
-    return build(custom.CustomFramework, c, "command.custom")
+    return build(custom.CustomFramework, set_nested(c, changes), "command.custom")
 
 
 def line(step: int, loss: str = "5.704944", gnorm: str = "0.4827", ms: float = 40.0, total: int = 10) -> str:
