@@ -59,8 +59,9 @@ REFIT_METHOD = "trf"
 calibration). The refit's problem is flat along some directions (matmul_eff 0.84 or 0.91 fit a 15-line ledger
 almost alike): "lm" crawled along it, 180 finite-difference Jacobians (1,660 residual evaluations) to the cap of
 200 and still short of the full solve, with candidates out of place (the 3rd at the second refit of a default
-sweep). The trust-region method stops at the same tolerance after 20-40 Jacobians, 5x less driver time over a
-default sweep's refits, with every candidate where the full "lm" solve puts it (tests/unit/test_guided.py)."""
+sweep). The trust-region method stops at the same tolerance after 20-40 Jacobians, with every candidate where a
+full solve puts it (tests/unit/test_guided.py: the full "lm" solve on one real ledger, "trf" to calibrate's
+tolerances on the other)."""
 TIME_METRICS = ("step_time_s", "forward_s", "backward_incl_recompute_s", "optimizer_s", "dp_exposed_s", "pp_idle_s")
 
 log = logging.getLogger(__name__)
