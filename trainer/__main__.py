@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         import torch.distributed as dist
 
-        from trainer.run import finalize, init_world, run
+        from trainer.measure.result import finalize
+        from trainer.run import init_world, run
 
         init_world(cfg.run.device, cfg.run.timeout_s)
         mine = run(cfg, trace_dir)  # each rank writes its own trace, on its own node

@@ -20,16 +20,11 @@ import torch.nn.functional as F
 from trainer import layout
 from trainer.config import FsdpDP, TorchDDP, TrainConfig
 from trainer.model.data import open_corpus, replica_batch
-from trainer.measure.meters import (PhaseClock, SavedActivations, model_flops_per_token, peak_flops,
-                             process_peak_rss_bytes, recompute_flops_per_token, sync)
+from trainer.measure.meters import PhaseClock, SavedActivations, peak_flops, process_peak_rss_bytes, sync
 from trainer.parallel.parallelize import Groups, Parallelized, parallelize
 from trainer.measure.profile import StepProfiler
-from trainer.measure.result import NESTED_PHASES, RankResult, Result, Span, StepRecord, merge
+from trainer.measure.result import NESTED_PHASES, NonFiniteLoss, RankResult, Span, StepRecord
 from trainer.parallel.tensor_parallel import finish_grads, local, owned, tp_comm_clock, vocab_parallel_loss
-
-
-class NonFiniteLoss(RuntimeError):
-    """The global loss became NaN or infinite; raised on every rank at the same step."""
 
 
 def device_for(kind: str) -> torch.device:
@@ -102,8 +97,13 @@ def run(cfg: TrainConfig, trace_dir: str | os.PathLike | None = None) -> RankRes
         return _train(cfg, mesh_groups(tp, pp, dp, device_for(cfg.run.device).type, cfg.run.timeout_s), trace_dir)
     finally:
         if owns_world:
-            _MESHES.clear()
-            dist.destroy_process_group()
+            leave_world()
+
+
+def leave_world() -> None:
+    """Leave the world this process joined, and forget the meshes made in it (``mesh_groups``)."""
+    _MESHES.clear()
+    dist.destroy_process_group()
 
 
 def _train(cfg: TrainConfig, groups: Groups, trace_dir: str | os.PathLike | None) -> RankResult:
@@ -350,19 +350,3 @@ def _rank_result(cfg, groups, par, opt, clock, measured, records, act_peak, redu
         spans=clock.spans, memory=memory, fingerprint=fingerprint, replica_max_abs_diff=replica_diff,
         peak_flops=peak, peak_basis=basis,
     )
-
-
-def peak_memory_basis(cfg: TrainConfig) -> str:
-    if cfg.run.device == "cuda":
-        return "torch.cuda.max_memory_allocated (caching-allocator peak, reset at run start)"
-    return ("CPU: parameter + gradient + optimizer-state bytes + peak saved-activation bytes "
-            "(saved_tensors_hooks); process RSS reported separately")
-
-
-def finalize(cfg: TrainConfig, ranks: list[RankResult]) -> Result:
-    tokens = cfg.batch.global_batch * cfg.model.seq_len
-    model_flops = tokens * model_flops_per_token(cfg.model)
-    return merge(ranks, config=cfg.to_dict(), n_microbatches=cfg.n_microbatches, warmup_steps=cfg.run.warmup_steps,
-                 model_flops_per_step=model_flops,
-                 hardware_flops_per_step=model_flops + tokens * recompute_flops_per_token(cfg),
-                 peak_memory_basis=peak_memory_basis(cfg))

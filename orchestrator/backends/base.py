@@ -46,7 +46,7 @@ class RunOutcome:
         for name, data in self.traces.items():
             (directory / name).write_bytes(data)
         if self.result is not None:
-            from trainer.measure.profile import trace_name
+            from trainer.measure.result import trace_name
 
             for r in self.result.ranks:
                 r.trace_file = str(directory / trace_name(r.rank)) if trace_name(r.rank) in self.traces else None

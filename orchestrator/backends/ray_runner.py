@@ -3,12 +3,9 @@ classification of what came back (a Result, or why not: oom, timeout, nan, a los
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import os
-import sys
-import threading
 from typing import Any
 
 from orchestrator import REPO_ROOT
@@ -34,7 +31,6 @@ class RayRunner:
                        for _ in range(n)]
         self.timeout_s = res.trial_timeout_s
         self._cfgs: dict[int, Any] = {}
-        self._importing = False
         # After a failure the group is killed at once; the other ranks' pending results then die unread, on
         # purpose. Ray would log each as an "unhandled error".
         os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
@@ -61,13 +57,6 @@ class RayRunner:
         cfgs = cfg if isinstance(cfg, tuple) else (cfg,)
         local = runs_local(cfg, self.groups[slot].world_size)
         what = [c.to_dict() for c in cfgs] if local else cfg.to_dict()
-        if local and "trainer.run" not in sys.modules and not self._importing:
-            # The driver reads every result with trainer.run, and its first import (torch: ~2.5 s of CPU here) came
-            # after the sweep's first run, between runs. A run of fewer ranks than the group leaves a core idle:
-            # the import goes there, beside the run (never beside a measured one: it would slow it).
-            self._importing = True
-            threading.Thread(target=importlib.import_module, args=("trainer.run",), daemon=True,
-                             name="steptune-import").start()
         try:
             self.groups[slot].submit(what, self.timeout_s * len(cfgs))
         except ClusterTooSmall:
@@ -148,7 +137,7 @@ def _outcome(cfg: Any, run: Any) -> RunOutcome | tuple[RunOutcome, ...]:
 
 
 def _classify(cfg: Any, run: Any) -> RunOutcome:
-    from trainer.run import NonFiniteLoss, finalize
+    from trainer.measure.result import NonFiniteLoss, finalize
 
     if run.kind == "ok":
         result = finalize(cfg, run.ranks)
@@ -182,7 +171,7 @@ def _classify(cfg: Any, run: Any) -> RunOutcome:
 
 
 def _traces(result: Any, traces: list[bytes | None] | None) -> dict[str, bytes] | None:
-    from trainer.measure.profile import trace_name
+    from trainer.measure.result import trace_name
 
     named = {trace_name(r.rank): t for r, t in zip(result.ranks, traces or []) if t}
     return named or None

@@ -1,6 +1,7 @@
 """The Ray worker group: one actor per rank in a placement group, warm across trials, rebuilt after a failure.
 
-Each actor imports torch and joins the torch.distributed world once (``trainer.run.init_world``); a trial
+Each actor imports torch when it starts and joins the torch.distributed world once, at the first run on the
+whole group (``trainer.run.init_world``; rank 0 may run one-rank configs in its own process before); a trial
 is then one ``run(cfg)`` call on every actor at once, which builds and tears down that trial's own
 pipeline/data-parallel groups. That is what makes a trial cost milliseconds of orchestration instead of
 the seconds a process launch or a Ray Train trainer costs. Any failure (an exception on a rank, a dead
@@ -154,6 +155,9 @@ def use_token_auth() -> None:
 class RankWorker:
     """One rank. Lives as long as its group; torch is imported and the world joined once."""
 
+    def __init__(self) -> None:
+        import trainer.run  # noqa: F401  torch and the trainer: at once, every rank beside the others
+
     def node(self) -> dict[str, Any]:
         with socket.socket() as s:  # a free port on this node, for rank 0's rendezvous
             s.bind(("", 0))
@@ -179,16 +183,20 @@ class RankWorker:
             trace = Path(result.trace_file).read_bytes() if result.trace_file else None
         return result, trace
 
-    def run_local(self, cfgs: list[dict[str, Any]]) -> list[list[RankResult] | str]:
+    def run_local(self, cfgs: list[dict[str, Any]], here: bool = False) -> list[list[RankResult] | str]:
         """Configs of fewer ranks than the group (the canonical run and its self-check: one rank each), one after
-        the other in one world of local processes beside this rank, while the group's other ranks idle: one
-        world launched instead of one per config. Per config, its rank results or the error it raised (the
-        world goes on to the next). Its processes run this job's worker setup hook (Ray's
-        ``worker_process_setup_hook``) as every other worker process of the job does."""
-        from trainer.config import TrainConfig
-        from trainer.launch import RankFailed, spawn_many
+        the other in one world of their own, while the group's other ranks idle: one world instead of one per
+        config. Per config, its rank results or the error it raised (the world goes on to the next).
 
-        done = spawn_many([TrainConfig.from_dict(c) for c in cfgs], setup=_setup_hook())
+        ``here``: in this process, before it joins the group's world (trainer.launch.run_here): torch is imported
+        already, so nothing starts. Otherwise in local processes beside this rank (trainer.launch.spawn_many),
+        which run this job's worker setup hook (Ray's ``worker_process_setup_hook``) as every other worker process
+        of the job does; this one ran it when Ray started it."""
+        from trainer.config import TrainConfig
+        from trainer.launch import RankFailed, run_here, spawn_many
+
+        configs = [TrainConfig.from_dict(c) for c in cfgs]
+        done = run_here(configs) if here else spawn_many(configs, setup=_setup_hook())
         return [str(r) if isinstance(r, RankFailed) else r.ranks for r in done]
 
 
@@ -253,9 +261,14 @@ class WorkerGroup:
         self.placement: list[dict[str, Any]] = []
         """Where each rank of the live group runs (rank order): host, ip, node_id, gpu_ids, pid."""
         self.pg = None
+        self.joined = False
+        """Whether the actors formed the group's world (the first run on the whole group does: ``join``)."""
+        self._envs: list[dict[str, str]] = []
         self.builds = 0
         """Times this group formed its world: 1 for a whole sweep without failures."""
         self._refs: list[Any] = []
+        self._got: dict[int, Any] = {}
+        """The run's rank results already fetched (by rank): fetched once, and never waited for again."""
         self._local = False
         self._submitted = self._deadline = self._timeout = 0.0
 
@@ -269,10 +282,14 @@ class WorkerGroup:
 
     @property
     def pending(self) -> list[Any]:
-        return list(self._refs)
+        """The ranks' results not yet in: what the runner waits on (a rank already answered would wake it at
+        once, and the driver would spin beside the ranks still running)."""
+        return [r for i, r in enumerate(self._refs) if i not in self._got]
 
     def start(self) -> None:
-        """Place the actors, choose rank 0's address, and form the world (blocking, bounded)."""
+        """Place the actors and choose rank 0's address (blocking, bounded); the world is formed by the first run on
+        the whole group (``join``). Until then rank 0 runs one-rank configs in its own process (RankWorker.run_local):
+        the sweep's first job, the canonical run and its self-check, starts no process."""
         bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
         if why := capacity.shortfall(self.world_size, bundle, self.strategy):  # at once, not after a timeout
             raise ClusterTooSmall(why)
@@ -298,15 +315,24 @@ class WorkerGroup:
             order = sorted(range(len(actors)), key=lambda i: (nodes[i]["node_id"], i))
             self.actors = [actors[i] for i in order]
             nodes = [nodes[i] for i in order]
-            refs = [a.join.remote(env, self.device, self.start_timeout_s)
-                    for a, env in zip(self.actors, rank_envs(nodes))]
-            ray.get(refs, timeout=self.start_timeout_s)
             self.placement = [{"rank": r, **{k: n[k] for k in ("host", "ip", "node_id", "gpu_ids", "pid")}}
                               for r, n in enumerate(nodes)]
         except Exception as e:
             self.kill()
             raise GroupStartError(f"the worker group could not form its world: {_describe(e)}") from None
+        self._envs = rank_envs(nodes)
+        self.joined = False
         self.builds += 1
+
+    def join(self) -> None:
+        """Form the group's world (blocking, bounded)."""
+        try:
+            ray.get([a.join.remote(env, self.device, self.start_timeout_s) for a, env in zip(self.actors, self._envs)],
+                    timeout=self.start_timeout_s)
+        except Exception as e:
+            self.kill()
+            raise GroupStartError(f"the worker group could not form its world: {_describe(e)}") from None
+        self.joined = True
 
     def submit(self, cfg: dict[str, Any] | list[dict[str, Any]], timeout_s: float) -> None:
         """Run ``cfg`` on every rank; a list of configs (of fewer ranks than the group): on rank 0's node alone,
@@ -314,18 +340,30 @@ class WorkerGroup:
         self._submitted = time.perf_counter()
         if not self.alive:
             self.start()
-        self._timeout, self._deadline = timeout_s, time.perf_counter() + timeout_s
         self._local = isinstance(cfg, list)
-        self._refs = [self.actors[0].run_local.remote(cfg)] if self._local else [a.run.remote(cfg) for a in self.actors]
+        if self._local:
+            # In rank 0's process while it is in no world yet. Not on a GPU: joining later makes the node's GPUs
+            # visible to the rank (rank_envs), too late for a process that already initialised CUDA. Not in a
+            # one-rank group: its world would make a mesh of the same shape as this run's, and DTensor's caches
+            # would answer it with the gone world's groups (trainer.run.mesh_groups).
+            here = not self.joined and self.world_size > 1 and self.device == "cpu" and all(_ranks(c) == 1 for c in cfg)
+            self._refs = [self.actors[0].run_local.remote(cfg, here)]
+        else:
+            if not self.joined:
+                self.join()
+            self._refs = [a.run.remote(cfg) for a in self.actors]
+        self._timeout, self._deadline = timeout_s, time.perf_counter() + timeout_s
+        self._got = {}
 
     def collect(self) -> RunDone | None:
         """Non-blocking: the run's outcome once every rank answered, any rank failed, or time ran out."""
         if not self._refs:
             return None
-        ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0)
+        waiting = self.pending
+        ready, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0)
         for ref in ready:
             try:
-                ray.get(ref)
+                self._got[self._refs.index(ref)] = ray.get(ref)
             except ray.exceptions.RayActorError as e:
                 return self._lost(e, self._refs.index(ref))
             except ray.exceptions.RayTaskError as e:
@@ -334,9 +372,9 @@ class WorkerGroup:
                     if (lost := self._peer_lost(rank)) is not None:
                         return lost
                 return self._fail(e, "raised", rank)
-        if len(ready) == len(self._refs):
-            got = ray.get(self._refs)
-            self._refs = []
+        if len(self._got) == len(self._refs):
+            got = [self._got[i] for i in range(len(self._refs))]
+            self._refs, self._got = [], {}
             wall = time.perf_counter() - self._submitted
             if self._local:
                 return RunDone(None, None, "ok", wall, placement=self.placement[:1], local=got[0])
@@ -393,7 +431,13 @@ class WorkerGroup:
             ray.kill(a, no_restart=True)
         if self.pg is not None:
             remove_placement_group(self.pg)
-        self.actors, self.pg, self._refs, self.placement = [], None, [], []
+        self.actors, self.pg, self._refs, self._got, self.placement = [], None, [], {}, []
+        self.joined = False
+
+
+def _ranks(cfg: dict[str, Any]) -> int:
+    """A trainer config's (as a dict) world size: tensor_parallel.size x parallel.pp x parallel.dp."""
+    return cfg["tensor_parallel"]["size"] * cfg["parallel"]["pp"] * cfg["parallel"]["dp"]
 
 
 def rank_envs(nodes: list[dict[str, Any]]) -> list[dict[str, str]]:

@@ -8,7 +8,8 @@ import torch
 
 from trainer.config import ModelConfig, OpRecompute, TrainConfig
 from trainer.model.data import SyntheticCorpus, TokenFile, make_token_file, replica_batch
-from trainer.measure.meters import SavedActivations, model_flops_per_token, peak_flops, recompute_flops_per_token
+from trainer.measure.flops import model_flops_per_token, recompute_flops_per_token
+from trainer.measure.meters import SavedActivations, peak_flops
 from trainer.model.gpt import GPT
 
 

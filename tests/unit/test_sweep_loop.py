@@ -19,7 +19,7 @@ from orchestrator.sweep.config import load_sweep
 from orchestrator.records.record import Metrics, TrialRecord
 from orchestrator.search.space import suggest
 from orchestrator.sweep.loop import Sweep
-from trainer.measure.profile import trace_name
+from trainer.measure.result import trace_name
 from trainer.measure.result import RankResult, StepRecord, merge
 
 SPACE = {"params": {"batch.micro_batch_size": {"type": "categorical", "choices": [1, 2, 4]}}}

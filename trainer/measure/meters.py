@@ -1,4 +1,4 @@
-"""Measurements: device-synchronised phase timers, saved-activation bytes, FLOPs, peak FLOP/s.
+"""Measurements: device-synchronised phase timers, saved-activation bytes, peak FLOP/s.
 
 Times are taken after a device synchronisation, so on a GPU they cover the work, not its launch. The
 accumulator is plain bookkeeping fed with those times; summaries are medians over measured steps.
@@ -21,9 +21,6 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from trainer.config import FullRecompute, ModelConfig, OpRecompute, SelectiveRecompute, TrainConfig
-from trainer.layout import recompute_groups
-from trainer.model.gpt import matmul_params
 from trainer.model.op_checkpoint import counting_cached_outputs
 from trainer.measure.result import Span
 
@@ -161,36 +158,6 @@ class _Held:
 
     def __del__(self) -> None:
         self.owner._release(self.key)
-
-
-# ---- FLOPs (pure) -----------------------------------------------------------------------------
-
-def model_flops_per_token(cfg: ModelConfig) -> float:
-    """6N + 12 L d T per token (Kaplan et al. / PaLM appendix B): N = matmul parameters (embedding lookups
-    do no matmul), the second term the attention scores and weighted sum, no causal discount."""
-    per_layer, head = matmul_params(cfg)
-    n = cfg.n_layers * per_layer + head
-    return 6.0 * n + 12.0 * cfg.n_layers * cfg.d_model * cfg.seq_len
-
-
-def recompute_flops_per_token(cfg: TrainConfig) -> float:
-    """Forward FLOPs that recompute repeats per token (hardware FLOPs minus model FLOPs)."""
-    m = cfg.model
-    per_layer, _ = matmul_params(m)
-    attn_fwd = 4.0 * m.d_model * m.seq_len
-    rc = cfg.recompute
-    if isinstance(rc, FullRecompute):
-        layers = sum(len(ids) for stage in cfg.stage_layers()
-                     for ids, on in recompute_groups(stage, rc.method, rc.num_layers) if on)
-        return layers * (2.0 * per_layer + attn_fwd)
-    if isinstance(rc, SelectiveRecompute):
-        per = (attn_fwd if "core_attn" in rc.modules else 0.0)
-        per += 2.0 * 2 * m.d_model * m.ffn_dim if "mlp" in rc.modules else 0.0
-        return m.n_layers * per
-    if isinstance(rc, OpRecompute):
-        return m.n_layers * 2.0 * sum(i * o for k, (i, o) in enumerate(m.layer_matmuls, 1)
-                                      if rc.recomputes_matmul(k))
-    return 0.0
 
 
 # ---- peak FLOP/s ------------------------------------------------------------------------------

@@ -15,10 +15,7 @@ from typing import Iterator
 
 import torch
 
-
-def trace_name(rank: int) -> str:
-    """File name of a rank's trace: what TensorBoard's profiler plugin and Perfetto both open."""
-    return f"rank{rank}.pt.trace.json.gz"
+from trainer.measure.result import trace_name
 
 
 class StepProfiler:

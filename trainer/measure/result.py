@@ -12,10 +12,23 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.config import TrainConfig
+from trainer.measure.flops import model_flops_per_token, recompute_flops_per_token
+
 PHASES = ("forward", "backward", "optimizer", "dp_comm_wait", "pipeline_idle", "tp_comm")
 NESTED_PHASES = ("tp_comm",)
 """Phases measured inside others: tp_comm (the tensor-parallel collectives, each waited for where issued) is
 part of forward, backward (and the optimizer phase's gradient finish); never add it to them."""
+
+
+def trace_name(rank: int) -> str:
+    """File name of a rank's ``run.profile_step`` trace (``RankResult.trace_file``): what TensorBoard's profiler
+    plugin and Perfetto both open."""
+    return f"rank{rank}.pt.trace.json.gz"
+
+
+class NonFiniteLoss(RuntimeError):
+    """The global loss became NaN or infinite; raised on every rank at the same step."""
 
 
 @dataclass
@@ -190,3 +203,21 @@ def merge_fingerprints(ranks: list[RankResult]) -> dict[str, list[float]]:
 def _parts(r: RankResult):
     for name, (sumsq, total, is_shard) in r.fingerprint.items():
         yield name, (sumsq, total, bool(is_shard))
+
+
+def peak_memory_basis(cfg: TrainConfig) -> str:
+    if cfg.run.device == "cuda":
+        return "torch.cuda.max_memory_allocated (caching-allocator peak, reset at run start)"
+    return ("CPU: parameter + gradient + optimizer-state bytes + peak saved-activation bytes "
+            "(saved_tensors_hooks); process RSS reported separately")
+
+
+def finalize(cfg: TrainConfig, ranks: list[RankResult]) -> Result:
+    """The ranks' results of ``cfg`` merged into one, with its FLOPs per update and peak-memory basis; torch-free, so
+    the driver reads results without importing torch."""
+    tokens = cfg.batch.global_batch * cfg.model.seq_len
+    model_flops = tokens * model_flops_per_token(cfg.model)
+    return merge(ranks, config=cfg.to_dict(), n_microbatches=cfg.n_microbatches, warmup_steps=cfg.run.warmup_steps,
+                 model_flops_per_step=model_flops,
+                 hardware_flops_per_step=model_flops + tokens * recompute_flops_per_token(cfg),
+                 peak_memory_basis=peak_memory_basis(cfg))

@@ -144,8 +144,3 @@ class GPT(nn.Module):
             gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
             p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32).mul_(std))
 
-
-def matmul_params(cfg: ModelConfig) -> tuple[int, int]:
-    """(parameters per layer in matmuls, head matmul parameters): the N of the 6N FLOPs rule."""
-    d, f = cfg.d_model, cfg.ffn_dim
-    return 4 * d * d + 2 * d * f, d * cfg.vocab_size

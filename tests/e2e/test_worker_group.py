@@ -1,0 +1,86 @@
+"""The worker group on real Ray, beyond its faults (test_faults_ray.py).
+
+- The driver waits for a run without spinning: a rank that answered is fetched once and never waited for again,
+  so while the other ranks still run, the runner's poll sleeps instead of waking at once, fetching the same
+  result and taking CPU from the ranks still running (on 2 cores, one of them).
+- The world is formed by the first run on the whole group; before it, rank 0 runs one-rank configs (the sweep's
+  first job: the canonical run and its self-check) in its own process; after it, in a launched world beside it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_rank_that_answered_first_is_fetched_once_and_the_poll_sleeps_until_the_last(ray_address, monkeypatch):
+    import ray
+
+    from orchestrator.backends import workers
+    from orchestrator.backends.ray_runner import RayRunner
+
+    @ray.remote
+    def rank(i: int, delay_s: float):
+        time.sleep(delay_s)
+        return f"rank {i}", None  # what RankWorker.run returns: (its result, its trace)
+
+    group = workers.WorkerGroup(2, 1, 0, "PACK", "cpu")
+    group._refs = [rank.remote(0, 0.0), rank.remote(1, 2.5)]
+    group._submitted = time.perf_counter()
+    group._deadline = group._submitted + 60
+    ray.wait(group._refs[:1], timeout=30)  # rank 0 is in
+
+    fetched = []
+    real_get = ray.get
+    monkeypatch.setattr(workers.ray, "get", lambda refs, *a, **k: fetched.append(refs) or real_get(refs, *a, **k))
+    assert group.collect() is None and len(fetched) == 1
+    assert group.pending == group._refs[1:]
+
+    runner = RayRunner.__new__(RayRunner)  # its poll over this group alone, not a cluster's worth of actors
+    runner.groups, runner._cfgs = [group], {0: None}
+    monkeypatch.setattr("orchestrator.backends.ray_runner._outcome", lambda cfg, run: run)
+    polls, t0 = 0, time.perf_counter()
+    while not (done := runner.poll(timeout_s=0.5)):
+        polls += 1
+    waited = time.perf_counter() - t0
+    assert done[0][1].kind == "ok" and done[0][1].ranks == ["rank 0", "rank 1"]
+    assert len(fetched) == 2, "rank 0's result was fetched again"
+    # ~2.5 s at 0.5 s a poll: about 5 polls; the spinning poll made hundreds
+    assert polls <= waited / 0.5 + 2, (polls, waited)
+
+
+def test_one_rank_configs_run_before_the_group_forms_its_world_and_after_it(ray_address):
+    from orchestrator.backends.ray_runner import _outcome
+    from orchestrator.backends.workers import WorkerGroup
+    from trainer.config import TrainConfig
+
+    tiny = {"model": {"vocab_size": 128, "n_layers": 2, "d_model": 32, "n_heads": 4, "seq_len": 32},
+            "batch": {"global_batch": 4}, "run": {"steps": 3, "warmup_steps": 1}}
+    one = TrainConfig.from_dict({**tiny, "parallel": {"pp": 1, "dp": 1}})
+    two = TrainConfig.from_dict({**tiny, "parallel": {"pp": 1, "dp": 2}})
+
+    def run(cfg):
+        group.submit([c.to_dict() for c in cfg] if isinstance(cfg, tuple) else cfg.to_dict(), timeout_s=120)
+        deadline = time.monotonic() + 120
+        while (done := group.collect()) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return _outcome(cfg, done)
+
+    group = WorkerGroup(2, 1, 0, "PACK", "cpu", start_timeout_s=120)
+    try:
+        group.start()
+        assert not group.joined
+        first = run((one, one))  # rank 0's own process: no world yet
+        assert [o.status for o in first] == ["ok", "ok"] and not group.joined
+        assert [s.loss for s in first[0].result.steps] == [s.loss for s in first[1].result.steps]
+        both = run(two)
+        assert both.status == "ok" and group.joined and both.result.world_size == 2
+        later = run((one,))  # the group is in its world now: a launched world beside rank 0
+        assert later[0].status == "ok" and [s.loss for s in later[0].result.steps] == \
+            [s.loss for s in first[0].result.steps]
+        assert run(two).status == "ok" and group.builds == 1
+    finally:
+        group.kill()
