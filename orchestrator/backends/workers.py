@@ -325,10 +325,14 @@ class WorkerGroup:
         self.builds += 1
 
     def join(self) -> None:
-        """Form the group's world (blocking, bounded)."""
+        """Form the group's world (blocking, bounded). A rank's actor gone meanwhile (its node lost, killed from
+        outside) is not a failure to form it: the run submitted next meets the dead actor, and is judged as a run
+        that lost it (``collect``: lost_node / lost_actor, the trial queued again)."""
         try:
             ray.get([a.join.remote(env, self.device, self.start_timeout_s) for a, env in zip(self.actors, self._envs)],
                     timeout=self.start_timeout_s)
+        except ray.exceptions.RayActorError:
+            return
         except Exception as e:
             self.kill()
             raise GroupStartError(f"the worker group could not form its world: {_describe(e)}") from None

@@ -5,6 +5,7 @@
   result and taking CPU from the ranks still running (on 2 cores, one of them).
 - The world is formed by the first run on the whole group; before it, rank 0 runs one-rank configs (the sweep's
   first job: the canonical run and its self-check) in its own process; after it, in a launched world beside it.
+  A rank's actor gone before the world is formed makes that first run lost, as a loss during a run would.
 """
 
 from __future__ import annotations
@@ -82,5 +83,36 @@ def test_one_rank_configs_run_before_the_group_forms_its_world_and_after_it(ray_
         assert later[0].status == "ok" and [s.loss for s in later[0].result.steps] == \
             [s.loss for s in first[0].result.steps]
         assert run(two).status == "ok" and group.builds == 1
+    finally:
+        group.kill()
+
+
+def test_a_rank_lost_before_the_world_is_formed_is_judged_as_a_lost_rank_not_a_failed_start(ray_address):
+    """The world is formed at the first run on the whole group: an actor gone by then (its node lost, killed from
+    outside) makes that run lost (the trial queued again), as a loss during the run would, not a GroupStartError."""
+    import ray
+
+    from orchestrator.backends.ray_runner import _outcome
+    from orchestrator.backends.workers import WorkerGroup
+    from trainer.config import TrainConfig
+
+    two = TrainConfig.from_dict({"model": {"vocab_size": 128, "n_layers": 2, "d_model": 32, "n_heads": 4,
+                                           "seq_len": 32}, "batch": {"global_batch": 4}, "parallel": {"pp": 1, "dp": 2},
+                                 "run": {"steps": 3, "warmup_steps": 1}})
+    group = WorkerGroup(2, 1, 0, "PACK", "cpu", start_timeout_s=120)
+    try:
+        group.start()
+        ray.kill(group.actors[1])
+        group.submit(two.to_dict(), timeout_s=120)
+        deadline = time.monotonic() + 60
+        while (done := group.collect()) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        out = _outcome(two, done)
+        assert done.kind == "lost_actor" and out.status == "lost" and "rank 1" in out.reason, (done.kind, out.reason)
+        group.submit(two.to_dict(), timeout_s=120)  # rebuilt
+        deadline = time.monotonic() + 120
+        while (done := group.collect()) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert done.kind == "ok" and group.builds == 2 and group.joined
     finally:
         group.kill()
