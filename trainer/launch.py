@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Callable
 from unittest import mock
 
-
 from trainer.config import TrainConfig
 from trainer.measure.result import Result, _rank_from_dict, finalize
 
@@ -81,8 +80,10 @@ def run_here(cfgs: list[TrainConfig]) -> list[Result | RankFailed]:
     worker that has not joined another world yet, and has torch imported). Torchrun's variables are set for that
     world and put back after."""
     if any(c.world_size != 1 for c in cfgs):
-        raise ValueError("run_here: every config must be of one rank (tensor_parallel.size x parallel.pp x parallel.dp = 1)")
-    alone = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        raise ValueError("run_here: every config must be of one rank "
+                         "(tensor_parallel.size x parallel.pp x parallel.dp = 1)")
+    alone = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(free_port())}
     with mock.patch.dict(os.environ, alone):  # the standard library's way to set variables and put them back
         return _results(cfgs, [run_in_world(cfgs)])
 

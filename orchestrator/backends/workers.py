@@ -321,7 +321,6 @@ class WorkerGroup:
             self.kill()
             raise GroupStartError(f"the worker group could not form its world: {_describe(e)}") from None
         self._envs = rank_envs(nodes)
-        self.joined = False
         self.builds += 1
 
     def join(self) -> None:
@@ -350,7 +349,10 @@ class WorkerGroup:
             # visible to the rank (rank_envs), too late for a process that already initialised CUDA. Not in a
             # one-rank group: its world would make a mesh of the same shape as this run's, and DTensor's caches
             # would answer it with the gone world's groups (trainer.run.mesh_groups).
-            here = not self.joined and self.world_size > 1 and self.device == "cpu" and all(_ranks(c) == 1 for c in cfg)
+            from trainer.config import TrainConfig
+
+            here = not self.joined and self.world_size > 1 and self.device == "cpu" and all(
+                TrainConfig.from_dict(c).world_size == 1 for c in cfg)
             self._refs = [self.actors[0].run_local.remote(cfg, here)]
         else:
             if not self.joined:
@@ -437,11 +439,6 @@ class WorkerGroup:
             remove_placement_group(self.pg)
         self.actors, self.pg, self._refs, self._got, self.placement = [], None, [], {}, []
         self.joined = False
-
-
-def _ranks(cfg: dict[str, Any]) -> int:
-    """A trainer config's (as a dict) world size: tensor_parallel.size x parallel.pp x parallel.dp."""
-    return cfg["tensor_parallel"]["size"] * cfg["parallel"]["pp"] * cfg["parallel"]["dp"]
 
 
 def rank_envs(nodes: list[dict[str, Any]]) -> list[dict[str, str]]:

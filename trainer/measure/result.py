@@ -213,8 +213,8 @@ def peak_memory_basis(cfg: TrainConfig) -> str:
 
 
 def finalize(cfg: TrainConfig, ranks: list[RankResult]) -> Result:
-    """The ranks' results of ``cfg`` merged into one, with its FLOPs per update and peak-memory basis; torch-free, so
-    the driver reads results without importing torch."""
+    """The ranks' results of ``cfg`` merged into one, with its FLOPs per update and peak-memory basis; torch-free,
+    so the driver reads results without importing torch."""
     tokens = cfg.batch.global_batch * cfg.model.seq_len
     model_flops = tokens * model_flops_per_token(cfg.model)
     return merge(ranks, config=cfg.to_dict(), n_microbatches=cfg.n_microbatches, warmup_steps=cfg.run.warmup_steps,
