@@ -239,6 +239,16 @@ def _fit_tier(rows: np.ndarray) -> tuple[float, float]:
     return alpha, inv_bw
 
 
+class FlatTimes(ValueError):
+    """A tier whose times do not grow with the message size: its bandwidth cannot be fitted. ``sources`` are the
+    tier's tables; a table just measured on a busy host can be measured again (``run``)."""
+
+    def __init__(self, sources: tuple[str, ...]):
+        super().__init__(f"{', '.join(sources)}: the times do not grow with the size; cannot fit a bandwidth "
+                         f"(measure sizes up to at least a few hundred MB)")
+        self.sources = sources
+
+
 def fit(tables: list[Table]) -> dict[str, TierFit]:
     """Alpha-beta per tier, jointly over every table of that tier (see the module docstring and ``_fit_tier``);
     each table's own fit error is kept (``TierFit.table_rel_rms``)."""
@@ -252,8 +262,7 @@ def fit(tables: list[Table]) -> dict[str, TierFit]:
         alpha, inv_bw = _fit_tier(rows)
         # The bandwidth term must explain a real part of the largest message's time, or it is fitted noise.
         if inv_bw <= 0 or float(np.max(rows[:, 1] / rows[:, 2])) * inv_bw < 0.1:
-            raise ValueError(f"{', '.join(t.source for t in mine)}: the times do not grow with the size; "
-                             f"cannot fit a bandwidth (measure sizes up to at least a few hundred MB)")
+            raise FlatTimes(tuple(t.source for t in mine))
 
         def rms(r: np.ndarray) -> float:
             rel = (alpha * r[:, 0] + inv_bw * r[:, 1]) / r[:, 2] - 1.0
@@ -379,8 +388,9 @@ def add_arguments(p) -> None:
     p.add_argument("--repeats", type=int, default=3, metavar="R",
                    help="--measure: runs of each collective, pooled per message size by the median (default: 3)")
     p.add_argument("--max-repeats", type=int, default=9, metavar="R",
-                   help="--measure: while a table's fit error is over 20%%, measure it again, up to this many runs "
-                        "in all (default: 9); past it the output says which table and why")
+                   help="--measure: while a table's fit error is over 20%%, or its times do not grow with the size "
+                        "(a burst of load), measure it again, up to this many runs in all (default: 9); past it the "
+                        "output says which table and why")
 
 
 def _split(arg: str) -> tuple[str | None, str]:
@@ -427,7 +437,25 @@ def run(args) -> int:
         for _ in range(args.repeats):
             for op in ops:  # interleaved, so a burst of load hits every collective alike
                 one(op)
-    fits = fit(tables + [pooled(v) for v in measured.values()])
+
+    def refit() -> dict[str, TierFit]:
+        """The fit of every table; a tier whose measured times came out flat (a burst of load over the large
+        sizes) is measured again, up to --max-repeats, before the error stands."""
+        while True:
+            try:
+                return fit(tables + [pooled(v) for v in measured.values()])
+            except FlatTimes as e:
+                again = [op for op, v in measured.items() if any(s.startswith(v[0].source) for s in e.sources)
+                         and len(v) < args.max_repeats]
+                if not again:
+                    raise
+                print(f"{', '.join(Path(s).name for s in e.sources)}: the times do not grow with the size; "
+                      f"measuring {', '.join(again)} again (run {min(len(measured[o]) for o in again) + 1} of at "
+                      f"most {args.max_repeats})")
+                for op in again:
+                    one(op)
+
+    fits = refit()
 
     def err_of(op: str) -> float:
         return next(e for f in fits.values() for t, e in zip(f.tables, f.table_rel_rms)
@@ -447,7 +475,7 @@ def run(args) -> int:
             print(f"{Path(measured[op][0].source).name} x{len(measured[op])}: fit error {h[-1]:.0%} > {FIT_WARN:.0%}; "
                   f"measuring {op} again (run {len(measured[op]) + 1} of at most {args.max_repeats})")
             one(op)
-            fits = fit(tables + [pooled(v) for v in measured.values()])
+            fits = refit()
             h.append(err_of(op))
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     doc = cluster_file(yaml.safe_load(base.read_text()) or {}, fits, when, "steptune netcal " + " ".join(

@@ -320,3 +320,38 @@ def test_measure_stops_when_more_runs_no_longer_narrow_the_fit(tmp_path, monkeyp
                  "--base", str(BASE), "--out", str(tmp_path / "c.yaml")]) == 0
     assert len(calls) == 3
     assert "its runs agree" in capsys.readouterr().err
+
+
+def _flat(op: str, n: int) -> str:
+    """A table on a host so busy that every size took the same time: no bandwidth can be fitted to it."""
+    rows = [Row(size, size // 4, 5000.0, 5000.0) for size in (8, 1024, 65536, 1 << 20, 16 << 20)]
+    return format_table(op, rows, [("a", "GPU", 1)] * n, "synthetic")
+
+
+def test_measure_again_when_a_burst_of_load_flattened_the_times(tmp_path, monkeypatch, capsys):
+    """--measure --repeats 1: the first all-reduce run came out flat (a burst of load over the large sizes), the
+    second follows the line: netcal measures again instead of failing, and fits the pooled runs. Flat in every run,
+    the error stands after --max-repeats runs and nothing is written."""
+    import trainer.measure.netbench
+
+    calls = []
+
+    def fake(op, n):
+        calls.append(op)
+        return _flat(op, n) if len(calls) == 1 else _synthetic(op, ["a"] * n, 200.0, 1.3)
+
+    monkeypatch.setattr(trainer.measure.netbench, "measure_local", fake)
+    out = tmp_path / "c.yaml"
+    assert main(["netcal", "--measure", "2", "--ops", "all_reduce", "--repeats", "1", "--base", str(BASE),
+                 "--out", str(out)]) == 0
+    assert len(calls) >= 2 and out.exists()
+    assert "the times do not grow with the size; measuring all_reduce again (run 2 of at most 9)" in (
+        capsys.readouterr().out)
+
+    calls.clear()
+    monkeypatch.setattr(trainer.measure.netbench, "measure_local", lambda op, n: calls.append(op) or _flat(op, n))
+    out2 = tmp_path / "d.yaml"
+    assert main(["netcal", "--measure", "2", "--ops", "all_reduce", "--repeats", "1", "--max-repeats", "3",
+                 "--base", str(BASE), "--out", str(out2)]) == 2
+    assert len(calls) == 3 and not out2.exists()
+    assert "do not grow with the size" in capsys.readouterr().err
