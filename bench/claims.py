@@ -9,6 +9,8 @@ each rule in turn, every rule drawing the same refinement rounds in the same ord
 the seed alone), so the rules differ only by what they run and how they judge it:
 
 - ``race``: today's rule (orchestrator.sweep.race plans each round, orchestrator.records.answer.decide judges);
+- ``race-unadjusted``: the same race with each rival told apart by its interval as if the pair had been fixed in
+  advance (the rule up to commit 382de92), not read given the leader's pick (orchestrator.records.selection);
 - ``before``: the rule before racing (bench/settle_before.py: every round the baseline and every contender,
   ties by the bootstrap of paired ratios), with the band its own intervals would state;
 - ``@N``: ``winner.max_rounds=N`` (default: the sweep file's).
@@ -29,6 +31,7 @@ weigh their 4x).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import random
@@ -36,6 +39,7 @@ import statistics
 import time
 from pathlib import Path
 from typing import Any, Sequence
+from unittest import mock
 
 import numpy as np
 
@@ -44,7 +48,7 @@ import settle_before as B
 from orchestrator.records import answer as A
 from orchestrator.sweep import race
 
-DEFAULT_RULES = "race,race@8,before,before@8,before@16"
+DEFAULT_RULES = "race,race-unadjusted,before"
 
 
 @dataclasses.dataclass
@@ -76,16 +80,24 @@ class Outcome:
     """The search measured the true best."""
 
 
-def parse_rules(text: str, base: A.SettleRule) -> dict[str, tuple[bool, A.SettleRule]]:
-    """``race,before@8`` -> label -> (the rule before racing?, its settings)."""
+RULES = ("race", "race-unadjusted", "before")
+
+
+def parse_rules(text: str, base: A.SettleRule) -> dict[str, tuple[str, A.SettleRule]]:
+    """``race,before@8`` -> label -> (the rule's name, its settings)."""
     out = {}
     for label in text.split(","):
         name, _, rounds = label.partition("@")
-        if name not in ("race", "before"):
-            raise ValueError(f"--claims-rules: {name!r} is not a rule (race, before)")
+        if name not in RULES:
+            raise ValueError(f"--claims-rules: {name!r} is not a rule ({', '.join(RULES)})")
         rule = dataclasses.replace(base, max_rounds=int(rounds)) if rounds else base
-        out[label] = (name == "before", rule)
+        out[label] = (name, rule)
     return out
+
+
+def unadjusted_low(d: float, scale: float, confidence: float) -> float:
+    """``race-unadjusted``: a rival's lower end as a pair fixed in advance has it (no reading given the pick)."""
+    return d - statistics.NormalDist().inv_cdf((1 + confidence) / 2) * scale
 
 
 def settle(samples: dict[str, list[float]], land: R.Landscape, rng: random.Random, base: str, target: Any,
@@ -172,9 +184,12 @@ def run(land: R.Landscape, ranking: Any, strategy: str, seeds: int, budget: int,
     out = []
     for seed in range(seeds):
         _, samples, _, _, base = R.search(strategy, land, seed, budget, budget, ranking, fracs=())
-        for label, (before, rule) in parsed.items():
+        for label, (name, rule) in parsed.items():
             rng = random.Random(f"{seed}/settle")
-            answer, *cost = settle(samples, land, rng, base, land.cfg.target, rule, before, steps)
+            before = name == "before"
+            with mock.patch.object(A, "selected_low", unadjusted_low) if name == "race-unadjusted" else \
+                    contextlib.nullcontext():
+                answer, *cost = settle(samples, land, rng, base, land.cfg.target, rule, before, steps)
             out.append(judge(label, seed, answer, land, samples, rule, before, tuple(cost)))
     return out
 

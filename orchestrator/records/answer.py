@@ -51,6 +51,7 @@ import numpy as np
 
 from orchestrator.records.record import Kind, Status, TrialRecord
 from orchestrator.records.rounds import RoundModel, round_model
+from orchestrator.records.selection import selected_low
 
 MET, NOT_MET, UNDECIDED, NO_TARGET = "met", "not met", "undecided", "no target"
 
@@ -200,11 +201,16 @@ class Gap:
     """Settling rounds the two ran in together; below ``MIN_COMMON_ROUNDS`` the intervals of their own figures
     judge them (unpaired)."""
     apart: bool
-    """Told apart: the interval's lower end is above 1 + threshold (it is out of the tie set)."""
+    """Told apart: ``low`` is above 1 + threshold (it is out of the tie set)."""
     more_rounds: int | None
-    """Still tied: about how many more common rounds would tell it apart if its ratio held (the interval
-    shrinking as 1/sqrt(n)); None when none can (its ratio is within the threshold, or it never ran in a round
+    """Still tied: about how many more common rounds would tell it apart if its ratio held (the reach below the
+    ratio down to ``low`` shrinking as 1/sqrt(n), which errs high: the pick's share of it fades faster as rounds
+    add up); None when none can (its ratio is within the threshold, or it never ran in a round
     beside the leader and has no paired ratio yet). Apart: 0."""
+    low: float | None = None
+    """The lower end that decides ``apart``: ``interval``'s, read given that the leader was picked as the lowest
+    figure by the same runs (orchestrator.records.selection). ``interval`` is what a pair fixed in advance would
+    have; it states the tie's band. None for two predictions (their ratio is exact)."""
 
 
 @dataclass(frozen=True)
@@ -407,7 +413,7 @@ def _more(n: int, log_gap: float, half: float) -> int | None:
 def _gap(c: ConfigFigure, leader: ConfigFigure, model: RoundModel | None, rule: SettleRule, run_sd: float) -> Gap:
     """``c`` against the leader: paired, in the rounds' model, when both ran in rounds (told apart only after
     ``MIN_COMMON_ROUNDS`` rounds in common); else unpaired, by the medians of their runs, each run off by the
-    assumed spread."""
+    assumed spread. Either way told apart by the lower end read given the leader's pick (``selected_low``)."""
     limit = math.log1p(rule.threshold)
     if c.predicted and leader.predicted:
         r = c.ratio / leader.ratio  # a prediction repeats exactly: only an equal one ties
@@ -420,15 +426,24 @@ def _gap(c: ConfigFigure, leader: ConfigFigure, model: RoundModel | None, rule: 
         # MIN_COMMON_ROUNDS rounds at least (irace's first test comes after its first instances).
         d, se = model.paired(c.key, leader.key)
         half = model.half_width(se, rule.confidence)
-        apart = d - half > limit and common >= MIN_COMMON_ROUNDS
-        return Gap(math.exp(d), _around(d, half), common, apart, 0 if apart else _more(common, d - limit, half))
+        # The Student-t half-width as a normal scale, so that far from the pick the bound is the t interval's.
+        low = selected_low(d, half / _Z(rule.confidence), rule.confidence)
+        apart = low > limit and common >= MIN_COMMON_ROUNDS
+        return Gap(math.exp(d), _around(d, half), common, apart,
+                   0 if apart else _more(common, d - limit, d - low), math.exp(low))
     # Not both in the rounds: their runs alone, unpaired, each run off by the assumed spread (``run_sd``, log units)
     # whatever round it ran in; a config measured once leaves the tie only when even that cannot bridge the gap.
     d = math.log(c.unpaired / leader.unpaired)
     se = run_sd * math.sqrt(1 / len(c.runs) + 1 / len(leader.runs))
-    half = statistics.NormalDist().inv_cdf((1 + rule.confidence) / 2) * se
-    apart = c.unpaired * math.exp(-half) > leader.unpaired * (1 + rule.threshold)
-    return Gap(math.exp(d), _around(d, half), common, apart, 0 if apart else None)
+    low = selected_low(d, se, rule.confidence)
+    apart = c.unpaired * math.exp(low - d) > leader.unpaired * (1 + rule.threshold)
+    return Gap(math.exp(d), _around(d, _Z(rule.confidence) * se), common, apart, 0 if apart else None,
+               math.exp(low))
+
+
+def _Z(confidence: float) -> float:
+    """The normal quantile of a two-sided ``confidence`` interval's upper end."""
+    return statistics.NormalDist().inv_cdf((1 + confidence) / 2)
 
 
 def interval_state(low: float, high: float, target_s: float) -> str:

@@ -12,6 +12,7 @@ import pytest
 
 from orchestrator.records import answer as A
 from orchestrator.records import rounds as M
+from orchestrator.records.selection import selected_low
 from orchestrator.search.target import Target
 from tests.unit.test_answer import NONE, PARAMS, REL, line, rounds
 from tests.unit.test_bite_answer import _raced, confirm, fig, pred
@@ -50,13 +51,18 @@ def test_a_contender_told_apart_in_the_rounds_needs_no_more_rounds():
 
 
 def test_a_paired_tie_needs_the_rounds_at_which_its_interval_would_clear_the_threshold():
-    # 1/sqrt(n): more = ceil(n (half / (log ratio - log(1 + threshold)))^2) - n, at least 1.
+    # 1/sqrt(n): more = ceil(n (half / (log ratio - log(1 + threshold)))^2) - n, at least 1, with the half-width
+    # below the ratio that decides apart: the one read given the leader's pick (``Gap.low``), wider than the
+    # interval's own.
     g = _paired_tie(0.53).gaps[KEY[2]]
     assert not g.apart and g.rounds == 3
     half = math.log(g.interval[1] / g.interval[0]) / 2
     assert g.interval == pytest.approx((g.ratio * math.exp(-half), g.ratio * math.exp(half)))
-    wanted = 3 * (half / (math.log(g.ratio) - math.log1p(0.01))) ** 2  # 6.45: 3 more rounds would not do
-    assert 6.4 < wanted < 6.5 and g.more_rounds == 4
+    below = math.log(g.ratio / g.low)
+    assert below > half
+    wanted = 3 * (below / (math.log(g.ratio) - math.log1p(0.01))) ** 2
+    assert wanted > 6.45  # the interval's own half-width would want 6.45: 4 more rounds
+    assert g.more_rounds == math.ceil(wanted) - 3
 
 
 def test_a_paired_ratio_exactly_at_the_threshold_is_one_no_number_of_rounds_can_tell_apart():
@@ -78,18 +84,32 @@ def _threshold_with_log1p(x: float) -> float:
 
 
 def test_a_paired_interval_whose_lower_end_is_exactly_at_the_threshold_is_not_told_apart():
-    # Apart means the lower end of the paired interval is ABOVE 1 + threshold: at it, still a tie.
+    # Apart means the lower end that decides (the paired interval's, read given the leader's pick) is ABOVE
+    # 1 + threshold: at it, still a tie.
     ledger = [line(0, 2.0), line(1, 1.0), line(2, 1.3)] + rounds({0: [2.0, 2.1], 1: [1.0, 1.02], 2: [1.3, 1.35]})
     rule = A.RULE
     # The paired interval of the rounds' model, as the rule states it (docs/search.md#one-answer).
     model = M.round_model({KEY[t]: {k: r.metrics.step_time_s for r in ledger if r.trial == t and (k := r.round)}
                            for t in (0, 1, 2)}, KEY[0], rule.single_run_spread / 2)
     d, se = model.paired(KEY[2], KEY[1])
-    low = d - model.half_width(se, rule.confidence)
-    assert 0 < low < math.log1p(0.5)
+    z = statistics.NormalDist().inv_cdf((1 + rule.confidence) / 2)
+    low = selected_low(d, model.half_width(se, rule.confidence) / z, rule.confidence)
+    assert 0 < low < d - model.half_width(se, rule.confidence) < math.log1p(0.5)
     at = _threshold_with_log1p(low)
     assert not A.decide(ledger, NONE, A.SettleRule(threshold=at)).gaps[KEY[2]].apart
     assert A.decide(ledger, NONE, A.SettleRule(threshold=at * 0.999)).gaps[KEY[2]].apart
+
+
+def test_a_rival_the_leaders_pick_may_have_put_behind_stays_in_the_tie():
+    # The paired interval of trial 2 against the leader clears a threshold set just under its lower end, so a
+    # pair fixed in advance would be told apart; read given that the leader was picked as the lower of the two
+    # by these runs, its lower end reaches below the threshold: still tied, and ``low`` says where it ends.
+    ledger = [line(0, 2.0), line(1, 1.0), line(2, 1.3)] + rounds({0: [2.0, 2.1], 1: [1.0, 1.02], 2: [1.3, 1.35]})
+    plain = A.decide(ledger, NONE).gaps[KEY[2]]
+    between = math.expm1((math.log(plain.low) + math.log(plain.interval[0])) / 2)
+    g = A.decide(ledger, NONE, A.SettleRule(threshold=between)).gaps[KEY[2]]
+    assert g.interval[0] > 1 + between > g.low
+    assert not g.apart and g.more_rounds >= 1
 
 
 def test_an_unpaired_gap_widens_each_configs_median_by_the_assumed_spread_of_its_runs():
