@@ -241,6 +241,12 @@ class GuidedSampler(BaseSampler):
             raise ValueError("sampler: n_first and every must be >= 0")
         self.ranking, self.base, self.lines = ranking, base, lines
         self.n_first, self.every, self.do_refit = n_first, every, refit
+        if refit and every:
+            from orchestrator.planner.calibrate import load_solver
+
+            # Now, while the sweep sets up, not at the first refit: there the worker group (its devices) would
+            # idle while scipy.optimize loads.
+            load_solver()
         self._first = spread_picks(self.ranked(), n_first)
         self._picks: dict[int, dict[str, Any]] = {}
         self._free = 0

@@ -103,6 +103,9 @@ RULE = SettleRule()
 MEASURED_SPREAD_CONFIGS = 3
 """Configs with several runs needed before their median spread replaces ``single_run_spread``."""
 MIN_COMMON_ROUNDS = 2
+SAME_FIGURE_DIGITS = 12
+"""Figures that agree to this many significant digits rank as equal, the lower trial number first: a fitted figure's
+last bits differ between machines (BLAS builds), and the ranking must not."""
 """Rounds two configs need in common before their paired ratio (not their intervals) decides whether they differ."""
 
 
@@ -354,7 +357,7 @@ def decide(records: Sequence[TrialRecord], target: Any, rule: SettleRule = RULE)
         unpaired = statistics.median(runs[k]) / scale
         figures.append(ConfigFigure(rec, k, tuple(runs[k]), dict(mine), paired, ratio, interval,
                                     memory.get(k), changed, k == base_key, n_rounds, unpaired))
-    by_figure = sorted(figures, key=lambda c: (c.ratio, c.trial))
+    by_figure = sorted(figures, key=lambda c: (_rank_figure(c), c.trial))
     n_rounds = len({n for v in rounds.values() for n in v})
     noise = _noise(records, figures, base_runs, model)
     if not by_figure:
@@ -369,7 +372,7 @@ def decide(records: Sequence[TrialRecord], target: Any, rule: SettleRule = RULE)
     # only chooses among those practically equal to the leader by their figure.
     equal = [c for c in ties if c.ratio <= leader.ratio * (1 + rule.threshold)]
     win = min(equal, key=lambda c: (c.changed, c.peak_memory_bytes if c.peak_memory_bytes is not None else math.inf,
-                                   c.ratio, c.trial))
+                                   _rank_figure(c), c.trial))
     ranked = (win, *[c for c in by_figure if c is not win])
     ties_t = (win, *[c for c in ties if c is not win])
     verdict = _verdict(win, target, baseline_s, rule)
@@ -382,6 +385,11 @@ def decide(records: Sequence[TrialRecord], target: Any, rule: SettleRule = RULE)
         spread_of_tie = max(his) / min(los) - 1
     return Answer(ranked, win, leader, ties_t, baseline, baseline_s, verdict, noise, n_rounds, settled, why,
                   rule, gaps, spread_of_tie)
+
+
+def _rank_figure(c: ConfigFigure) -> float:
+    """The figure as the ranking compares it: to ``SAME_FIGURE_DIGITS`` significant digits."""
+    return float(f"{c.ratio:.{SAME_FIGURE_DIGITS}g}")
 
 
 def _around(log_value: float, half: float) -> tuple[float, float]:

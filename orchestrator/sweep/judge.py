@@ -41,6 +41,9 @@ class Job:
     started: float = field(default_factory=time.time)
     runs: list = field(default_factory=list)
     told: bool = False
+    one_run: bool = False
+    """The job is a single run whose outcome ends it (a settling round's run): the loop may start the next queued
+    job on its slot before recording it, so the ranks do not wait for the ledger, the answer and the MLflow hand-off."""
 
 
 def metrics_of(outcome: RunOutcome) -> Metrics:

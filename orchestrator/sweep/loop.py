@@ -186,6 +186,13 @@ class Sweep:
                         self._lost(job, lost)
                         continue
                     self.lost_in_a_row = 0
+                    if job.one_run and self.queue:  # the next queued run starts first; this one is recorded meanwhile
+                        active[slot] = self._next_job(active, time.perf_counter() - t0)
+                        try:
+                            self._submit(runner, slot, next(active[slot].steps))
+                        finally:  # recorded even when starting the next run fails (Ctrl-C, the group lost)
+                            self._end(job, outcome)
+                        continue
                     try:
                         self._submit(runner, slot, job.steps.send(outcome))
                     except StopIteration:
@@ -199,6 +206,15 @@ class Sweep:
         finally:
             if runner:
                 runner.close()
+
+    @staticmethod
+    def _end(job: Job, outcome: Any) -> None:
+        """Feed a one-run job (Job.one_run) its outcome, which records it and ends it."""
+        try:
+            job.steps.send(outcome)
+        except StopIteration:
+            return
+        raise RuntimeError(f"trial {job.number} ({job.kind}): a one-run job asked for another run")
 
     def _submit(self, runner: Any, slot: int, config: Any) -> None:
         """Submit with a timeout that follows what was measured (orchestrator.sweep.timeouts)."""
@@ -371,11 +387,12 @@ class Sweep:
         return jobs[0]
 
     def _round_job(self, source: TrialRecord, number: int, index: int, size: int) -> Job:
-        job = Job("repeat", source.trial, source.params, self.backend.configs.load(source.config))
+        job = Job("repeat", source.trial, source.params, self.backend.configs.load(source.config), one_run=True)
 
         def steps() -> Generator[Any, Any, None]:
-            repeat_n = sum(r.kind is Kind.REPEAT and r.trial == source.trial for r in self.records) + 1
             job.runs = [(yield job.config)]
+            # Counted when recorded, not when started: the run before it may still be unrecorded (Job.one_run).
+            repeat_n = sum(r.kind is Kind.REPEAT and r.trial == source.trial for r in self.records) + 1
             self._finish(job, job.runs[0], repeat=repeat_n, round_=number)
 
         job.steps = steps()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from types import SimpleNamespace
 
 import pytest
 
@@ -436,3 +437,10 @@ def test_a_contender_leaves_the_tie_by_its_paired_interval_after_two_common_roun
     two = _raced(2)
     assert [c.trial for c in two.ties] == [1] and two.gaps[key].apart and two.gaps[key].rounds == 2
     assert two.gaps[key].interval[0] > 1.01 and two.gaps[key].ratio == pytest.approx(0.55 / 0.40)
+
+
+def test_figures_equal_but_for_the_fits_last_bits_rank_by_trial_number_on_every_machine():
+    # One machine's fit gives 0.5 and 0.5000000000000001 for two configs another machine gives the other way round.
+    same = [A._rank_figure(SimpleNamespace(ratio=r)) for r in (0.5, 0.5000000000000001, 0.49999999999999994)]
+    assert same[0] == same[1] == same[2]
+    assert A._rank_figure(SimpleNamespace(ratio=0.50000000001)) > A._rank_figure(SimpleNamespace(ratio=0.5))

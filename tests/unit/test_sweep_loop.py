@@ -227,6 +227,32 @@ def test_a_met_target_is_settled_in_interleaved_rounds_then_stops_the_sweep(conf
     assert line.startswith("settling rounds found the target met: trial 1, median of 3 runs 500.0 ms")
 
 
+def test_a_rounds_next_run_starts_before_the_last_one_is_recorded_and_each_is_recorded_in_order(config):
+    cfg = config("target.step_time_s=0.6", "winner.min_rounds=2", "search.n_trials=6",
+                 enqueue=[{"batch.micro_batch_size": 4}])
+    lines_at_submit: list[int] = []
+
+    class Watching(FakeRunner):
+        def submit(self, slot, cfg_):
+            lines_at_submit.append(len(sweep.ledger.read()))
+            super().submit(slot, cfg_)
+
+    runner = Watching()
+    sweep = open_sweep(cfg)
+    sweep.backend.runner = lambda: runner
+    try:
+        sweep.drive(sweep.start())
+    finally:
+        sweep.study.release()
+    # The rounds are the sweep's last four runs (the target is met after them). Each round's second run was
+    # submitted while its first run's line was not yet written: the ranks do not wait for the ledger, the answer
+    # and the MLflow hand-off. One at a time, the counts would be a, a+1, a+2, a+3.
+    a = lines_at_submit[-4]
+    assert lines_at_submit[-4:] == [a, a, a + 2, a + 2]
+    # ... and still every run is recorded, in the order run, with its own repeat number.
+    assert [(r.round, r.repeat) for r in sweep.records if r.kind == "repeat"] == [(1, 1), (1, 1), (2, 2), (2, 2)]
+
+
 def test_rounds_that_miss_the_target_do_not_stop_the_search(config):
     calls = {"n": 0}
 
