@@ -103,10 +103,10 @@ RULE = SettleRule()
 MEASURED_SPREAD_CONFIGS = 3
 """Configs with several runs needed before their median spread replaces ``single_run_spread``."""
 MIN_COMMON_ROUNDS = 2
+"""Rounds two configs need in common before their paired ratio (not their intervals) decides whether they differ."""
 SAME_FIGURE_DIGITS = 12
 """Figures that agree to this many significant digits rank as equal, the lower trial number first: a fitted figure's
 last bits differ between machines (BLAS builds), and the ranking must not."""
-"""Rounds two configs need in common before their paired ratio (not their intervals) decides whether they differ."""
 
 
 def key_of(params: Mapping[str, Any]) -> str:
