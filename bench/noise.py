@@ -74,6 +74,15 @@ class Run:
     baseline_settling_runs: int = 0
     time_to_answer_s: float | None = None
     """Seconds of the sweep's running time until the first config within 2% of the answer was measured."""
+    mirror_inline_s: float | None = None
+    """Seconds the driver spent on MLflow calls itself (the mirror process fell behind and it took over)."""
+
+    @property
+    def command_duty(self) -> float | None:
+        """Time in training updates over the whole command's wall (Python, Ray and the stores starting, the
+        sweep, the summary, the exit): what the sweep's own duty cycle leaves out of its window."""
+        updates = self.parts.get("search_updates_s", 0.0) + self.parts.get("settling_updates_s", 0.0)
+        return updates / self.wall_s if self.parts and self.wall_s else None
 
 
 def one_sweep(config: str, overrides: list[str], where: Path, neighbours: int) -> tuple[float, int, str]:
@@ -107,6 +116,7 @@ def judge(run: Run, results: Path, output: str) -> None:
     run.load_median = answer.noise.load_median
     run.duty_cycle = summary.get("duty_cycle")
     run.parts = summary.get("time_parts") or {}
+    run.mirror_inline_s = summary.get("mirror_inline_s")
     run.settling_runs = sum(r.round is not None for r in records)
     base = next((r.trial for r in records if r.kind is Kind.BASELINE), None)
     run.baseline_settling_runs = sum(r.round is not None and r.trial == base for r in records)
@@ -178,7 +188,8 @@ def table(runs: list[Run], cmd: str, neighbours: int) -> str:
            f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {os.cpu_count()} cores; "
            f"noisy = {neighbours} CPU-burning neighbour process(es) beside the sweep.", "",
            "| mode | runs | same winner (pairs) | tie sets overlap | same verdict | contradictions | wall s (median) "
-           "| settling share | duty cycle (median) | load (median) |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "| settling share | duty cycle (median) | whole command's duty (median) | load (median) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode in dict.fromkeys(r.mode for r in runs):
         rs = [r for r in runs if r.mode == mode]
         a = agreement(rs)
@@ -187,12 +198,18 @@ def table(runs: list[Run], cmd: str, neighbours: int) -> str:
                    f"{_pct(a['same_verdict'])} | {sum(len(r.contradictions) for r in rs)} | "
                    f"{med([r.wall_s for r in rs]):.0f} | {_pct(med([r.settling_share for r in rs if r.settling_share is not None]))} | "
                    f"{_pct(med([r.duty_cycle for r in rs if r.duty_cycle is not None]))} | "
+                   f"{_pct(med([r.command_duty for r in rs if r.command_duty is not None]))} | "
                    f"{(med([r.load_median for r in rs if r.load_median is not None]) or 0):.1f} |")
-    out += ["", "Per run:", "", "| mode | # | rc | trials | rounds | winner (trial) | tie set size | verdict | "
-            "baseline spread | wall s | duty cycle | contradictions |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out += ["", "Per run (wall s: the whole command's; sweep s: the sweep's own window, which its duty cycle is "
+            "taken over):", "", "| mode | # | rc | trials | rounds | winner (trial) | tie set size | verdict | "
+            "baseline spread | wall s | sweep s | duty cycle | MLflow in the driver s | contradictions |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
+        sweep_s = r.parts.get("wall_s")
         out.append(f"| {r.mode} | {r.index} | {r.rc} | {r.trials} | {r.rounds} | {r.winner_trial} | {len(r.ties)} | "
-                   f"{r.verdict} | {_pct(r.baseline_spread)} | {r.wall_s:.0f} | {_pct(r.duty_cycle)} | "
+                   f"{r.verdict} | {_pct(r.baseline_spread)} | {r.wall_s:.0f} | "
+                   f"{'-' if sweep_s is None else f'{sweep_s:.0f}'} | {_pct(r.duty_cycle)} | "
+                   f"{'-' if r.mirror_inline_s is None else f'{r.mirror_inline_s:.1f}'} | "
                    f"{'; '.join(r.contradictions) or 0} |")
     out += _parts_table(runs)
     winners = {}
@@ -224,6 +241,9 @@ def _parts_table(runs: list[Run]) -> list[str]:
             secs = statistics.median(r.parts.get(key, 0.0) for r in ms)
             share = statistics.median(r.parts.get(key, 0.0) / r.parts["wall_s"] for r in ms if r.parts.get("wall_s"))
             out.append(f"| {mode} | {label} | {secs:.1f} | {share:.1%} |")
+        outside = statistics.median(r.wall_s - r.parts["wall_s"] for r in ms if r.parts.get("wall_s"))
+        out.append(f"| {mode} | outside the sweep's window (Python, Ray, the stores, the summary, the exit; not in "
+                   f"its wall) | {outside:.1f} | |")
         out.append(f"| {mode} | settling runs (baseline's among them), median | "
                    f"{statistics.median(r.settling_runs for r in ms):.0f} "
                    f"({statistics.median(r.baseline_settling_runs for r in ms):.0f}) | |")

@@ -117,6 +117,9 @@ class Backend(Protocol):
 
     def runner(self) -> Runner: ...
 
+    def release(self) -> None:
+        """Stop what ``join`` started ahead that no ``runner`` took (a sweep refused before its first run)."""
+
     def reference_run(self, gate: Any, baseline: Any) -> Any | None:
         """The config to judge the baseline against before it becomes the reference (None: none)."""
 

@@ -110,6 +110,9 @@ class PlannerPredictions:
     def runner(self) -> ModelRunner:
         return ModelRunner(self.configs.sources)
 
+    def release(self) -> None:
+        pass  # join starts nothing ahead
+
     def reference_run(self, gate: Any, baseline: Any) -> None:
         return None  # no result to compare: parity is a property of measured runs
 

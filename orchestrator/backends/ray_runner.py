@@ -17,7 +17,8 @@ log = logging.getLogger(__name__)
 class RayRunner:
     """Real runs on ``slots`` warm worker groups (one trial per group at a time)."""
 
-    def __init__(self, cfg: Any, device: str):
+    def __init__(self, cfg: Any, device: str, wait: bool = True):
+        """``wait=False``: the first group is launched (workers.WorkerGroup.launch), not waited for; ``ready`` waits."""
         from orchestrator.backends import workers
 
         res = cfg.resources
@@ -34,7 +35,13 @@ class RayRunner:
         # After a failure the group is killed at once; the other ranks' pending results then die unread, on
         # purpose. Ray would log each as an "unhandled error".
         os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
-        self.groups[0].start()  # fail fast, before any trial, if the cluster cannot hold a group
+        self.groups[0].launch()
+        if wait:
+            self.ready()
+
+    def ready(self) -> None:
+        """Wait for the first group's actors: fail fast, before any trial, if the cluster cannot hold a group."""
+        self.groups[0].start()
 
     @property
     def slots(self) -> int:
@@ -149,6 +156,8 @@ def _classify(cfg: Any, run: Any) -> RunOutcome:
         return RunOutcome("ok", None, result, wall_s=run.wall_s, work_s=work, traces=_traces(result, run.traces))
     if run.kind == "timeout":
         return RunOutcome("timeout", f"{run.error}; the worker group was killed and is rebuilt", wall_s=run.wall_s)
+    if run.kind == "late":
+        return RunOutcome("timeout", str(run.error), wall_s=run.wall_s)
     cause = getattr(run.error, "cause", None) or run.error
     notes = " ".join(getattr(run.error, "__notes__", []))
     text = f"{type(cause).__name__}: {_last_line(cause)}" + (f" ({notes})" if notes else "")

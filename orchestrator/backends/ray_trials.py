@@ -98,18 +98,37 @@ class RayTrials:
         base_dir = Path(cfg.source).parent if cfg.source else Path(".")
         self.prefilter = prefilter_from_settings(cfg.prefilter, base_dir, res.memory_budget_gb)
         """Skips trials whose predicted peak memory exceeds the budget (orchestrator.calibration.prefilter); None: launch all."""
+        self._launched: RayRunner | None = None
+        """The runner ``join`` launched, until ``runner`` hands it out or ``release`` stops it."""
 
     def join(self) -> None:
-        """Join Ray before the sweep writes anything; a ray.address nothing answers at is bad input (ValueError)."""
+        """Join Ray before the sweep writes anything; a ray.address nothing answers at is bad input (ValueError).
+        Then the first worker group is launched, not waited for: its ranks import torch while the driver opens
+        its stores (the MLflow parent run, the Optuna study), and ``runner`` waits for them."""
         from orchestrator.backends.workers import GroupStartError
 
         try:
             connect(self.cfg)
         except GroupStartError as e:
             raise ValueError(str(e)) from None
+        if self._launched is None:
+            self._launched = RayRunner(self.cfg, self.configs.device, wait=False)
 
     def runner(self) -> RayRunner:
-        return RayRunner(self.cfg, self.configs.device)
+        runner, self._launched = self._launched, None
+        if runner is None:
+            return RayRunner(self.cfg, self.configs.device)
+        try:
+            runner.ready()
+        except BaseException:
+            runner.close()
+            raise
+        return runner
+
+    def release(self) -> None:
+        if self._launched is not None:
+            self._launched.close()
+            self._launched = None
 
     def reference_run(self, gate: trust.ParityGate, baseline: TrainConfig) -> TrainConfig | None:
         """The canonical run; its microbatch the whole batch, or the largest the memory pre-filter lets fit."""

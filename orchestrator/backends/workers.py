@@ -218,7 +218,9 @@ class RunDone:
     error: BaseException | None
     kind: str
     """ok | raised | lost_rank (the rank's process died on a live node) | lost_node | lost_actor (killed from
-    outside, by ray.kill) | timeout. lost_node and lost_actor are the infrastructure's doing, not the config's."""
+    outside, by ray.kill) | timeout (no result by the deadline: the group was killed) | late (every rank answered,
+    after the deadline: the group is kept). lost_node and lost_actor are the infrastructure's doing, not the
+    config's."""
     wall_s: float
     """From submission (including any group rebuild) to this outcome."""
     traces: list[bytes | None] | None = None
@@ -258,6 +260,8 @@ class WorkerGroup:
         self.world_size, self.cpus, self.gpus, self.strategy = world_size, cpus_per_rank, gpus_per_rank, strategy
         self.device, self.start_timeout_s = device, start_timeout_s
         self.actors: list[Any] = []
+        self._launched: list[Any] = []
+        """Actors ``launch`` asked for that ``start`` has not waited for yet."""
         self.placement: list[dict[str, Any]] = []
         """Where each rank of the live group runs (rank order): host, ip, node_id, gpu_ids, pid."""
         self.pg = None
@@ -273,6 +277,11 @@ class WorkerGroup:
         self._submitted = self._deadline = self._timeout = 0.0
 
     @property
+    def bundle(self) -> dict[str, float]:
+        """What one rank holds of its node."""
+        return {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
+
+    @property
     def alive(self) -> bool:
         return bool(self.actors)
 
@@ -286,28 +295,35 @@ class WorkerGroup:
         once, and the driver would spin beside the ranks still running)."""
         return [r for i, r in enumerate(self._refs) if i not in self._got]
 
-    def start(self) -> None:
-        """Place the actors and choose rank 0's address (blocking, bounded); the world is formed by the first run on
-        the whole group (``join``). Until then rank 0 runs one-rank configs in its own process (RankWorker.run_local):
-        the sweep's first job, the canonical run and its self-check, starts no process."""
-        bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
-        if why := capacity.shortfall(self.world_size, bundle, self.strategy):  # at once, not after a timeout
+    def launch(self) -> None:
+        """Ask Ray for the group's bundles and actors without waiting for them: each actor imports torch meanwhile,
+        while the caller does other work (a sweep opens its stores); ``start`` then waits for them."""
+        if why := capacity.shortfall(self.world_size, self.bundle, self.strategy):  # at once, not after a timeout
             raise ClusterTooSmall(why)
-        self.pg = placement_group([bundle] * self.world_size, strategy=self.strategy)
+        self.pg = placement_group([self.bundle] * self.world_size, strategy=self.strategy)
+        self._launched = [RankWorker.options(num_cpus=self.cpus, num_gpus=self.gpus, scheduling_strategy=
+                                             PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)
+                                             ).remote() for i in range(self.world_size)]
+
+    def start(self) -> None:
+        """Place the actors (``launch``, unless it ran already) and choose rank 0's address (blocking, bounded); the
+        world is formed by the first run on the whole group (``join``). Until then rank 0 runs one-rank configs in its
+        own process (RankWorker.run_local): the sweep's first job, the canonical run and its self-check, starts no
+        process."""
+        if not self._launched:
+            self.launch()
+        actors, self._launched = self._launched, []
+        self.actors = actors
         try:
             ray.get(self.pg.ready(), timeout=self.start_timeout_s)
         except ray.exceptions.GetTimeoutError:
             self.kill()
             raise GroupStartError(
-                f"no room for {self.world_size} ranks x {bundle} ({self.strategy}) within "
+                f"no room for {self.world_size} ranks x {self.bundle} ({self.strategy}) within "
                 f"{self.start_timeout_s:.0f} s; "
                 f"the cluster has {ray.available_resources()} free: lower resources.world_size/cpus_per_rank/"
                 f"gpus_per_rank or resources.concurrent_trials"
                 + (", or use resources.placement=PACK" if self.strategy == "STRICT_PACK" else "")) from None
-        actors = [RankWorker.options(num_cpus=self.cpus, num_gpus=self.gpus, scheduling_strategy=
-                                     PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)).remote()
-                  for i in range(self.world_size)]
-        self.actors = actors
         try:
             nodes = ray.get([a.node.remote() for a in actors], timeout=self.start_timeout_s)
             # Ranks of one Ray node are contiguous, so a pipeline stage's dp peers (rank = pp_rank * dp + dp_rank)
@@ -381,7 +397,14 @@ class WorkerGroup:
         if len(self._got) == len(self._refs):
             got = [self._got[i] for i in range(len(self._refs))]
             self._refs, self._got = [], {}
-            wall = time.perf_counter() - self._submitted
+            now = time.perf_counter()
+            wall = now - self._submitted
+            if now > self._deadline:
+                # Late all the same: a limit that holds only when a poll happens to miss the result would make
+                # the verdict depend on the driver's timing. Every rank answered, so the group stays as it is.
+                return RunDone(None, TimeoutError(f"the result came after resources.trial_timeout_s="
+                                                  f"{self._timeout:g} s (in {wall:.2f} s)"), "late", wall,
+                               placement=self.placement)
             if self._local:
                 return RunDone(None, None, "ok", wall, placement=self.placement[:1], local=got[0])
             ranks, traces = zip(*got)
@@ -433,11 +456,11 @@ class WorkerGroup:
         return RunDone(None, error, kind, time.perf_counter() - self._submitted, placement=placement)
 
     def kill(self) -> None:
-        for a in self.actors:
+        for a in self.actors + self._launched:
             ray.kill(a, no_restart=True)
         if self.pg is not None:
             remove_placement_group(self.pg)
-        self.actors, self.pg, self._refs, self._got, self.placement = [], None, [], {}, []
+        self.actors, self._launched, self.pg, self._refs, self._got, self.placement = [], [], None, [], {}, []
         self.joined = False
 
 

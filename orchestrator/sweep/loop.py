@@ -504,7 +504,11 @@ def run_sweep(cfg: Any, rounds: int | None = None) -> tuple[dict, list[TrialReco
             _unmake(ledger, made)
             raise
         session = finished.begin()
-        sweep = Sweep(cfg, backend, rounds)
+        try:  # (the backend may have started its workers in join: they go back unless the sweep took them)
+            sweep = Sweep(cfg, backend, rounds)
+        except BaseException:
+            backend.release()
+            raise
         # What `report` needs to judge the ledger again (the target, the settling rule), beside the ledger.
         (cfg.results_dir / "sweep.yaml").write_text(yaml.safe_dump(cfg.raw, sort_keys=False))
         try:
@@ -514,6 +518,7 @@ def run_sweep(cfg: Any, rounds: int | None = None) -> tuple[dict, list[TrialReco
             sweep.recorder.end_tracking("end_sweep", e, grace_s=MIRROR_GRACE_S)
             raise
         finally:
+            backend.release()
             sweep.study.release()
         finished.end(session)
         if sweep.settle_only:

@@ -116,3 +116,76 @@ def test_a_rank_lost_before_the_world_is_formed_is_judged_as_a_lost_rank_not_a_f
         assert done.kind == "ok" and group.builds == 2 and group.joined
     finally:
         group.kill()
+
+
+def test_a_result_that_comes_after_the_deadline_is_a_timeout_and_the_group_is_kept(ray_address, monkeypatch):
+    """Every rank answered, but after the run's limit: a timeout whatever the poll's timing (a limit that held only
+    when a poll missed the result made a 1 ms limit pass a fast run), and the group, whose world is whole, is kept."""
+    import ray
+
+    from orchestrator.backends import workers
+    from orchestrator.backends.ray_runner import _classify
+
+    @ray.remote
+    def rank(i: int):
+        time.sleep(0.3)
+        return f"rank {i}", None
+
+    group = workers.WorkerGroup(2, 1, 0, "PACK", "cpu")
+    killed = []
+    monkeypatch.setattr(group, "kill", lambda: killed.append(True))
+    group._refs = [rank.remote(0), rank.remote(1)]
+    group._submitted = time.perf_counter()
+    group._timeout, group._deadline = 0.001, group._submitted + 0.001
+    ray.wait(group._refs, num_returns=2, timeout=30)  # both in before the first look
+    done = group.collect()
+    assert done.kind == "late" and not killed and not group.busy
+    assert "came after resources.trial_timeout_s=0.001 s" in str(done.error)
+    out = _classify(None, done)
+    assert out.status == "timeout" and "killed" not in out.reason
+
+
+@pytest.mark.timeout(120)
+def test_the_first_group_boots_while_the_driver_opens_its_stores_and_a_refused_sweep_gives_it_back(ray_address,
+                                                                                                    sweep_file):
+    """The sweep joins Ray and launches its worker group at once (its ranks import torch while the driver opens the
+    MLflow parent and the Optuna study); a sweep refused after that (here: a study made for another sweep) kills
+    the launched actors and frees their placement, so the cluster's CPUs are whole again."""
+    import optuna
+    import ray
+    from ray.util import placement_group_table
+
+    from orchestrator.backends.ray_trials import RayTrials
+    from orchestrator.sweep.config import load_sweep
+    from orchestrator.sweep.loop import run_sweep
+    from orchestrator.sweep.study import SweepError
+
+    cfg = load_sweep(sweep_file(), ["tracking.enabled=false"])
+    cfg.results_dir.mkdir(parents=True)
+    optuna.create_study(study_name=cfg.name, storage=cfg.optuna_url).set_user_attr("fingerprint", "another sweep's")
+    launched = []
+    real_join = RayTrials.join
+
+    def join(self):
+        real_join(self)
+        launched.append(self._launched)
+
+    before = {pg_id for pg_id, pg in placement_group_table().items() if pg["state"] != "REMOVED"}
+    RayTrials.join = join
+    try:
+        with pytest.raises(SweepError, match="was made with another backend"):
+            run_sweep(cfg)
+    finally:
+        RayTrials.join = real_join
+    (runner,) = launched
+    assert runner is not None and cfg.built._launched is None
+    (group,) = runner.groups
+    assert not group.actors and not group._launched and group.pg is None
+    deadline = time.monotonic() + 30
+    while (left := {pg_id for pg_id, pg in placement_group_table().items() if pg["state"] != "REMOVED"} - before) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, placement_group_table()
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"]

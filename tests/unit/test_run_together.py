@@ -49,13 +49,24 @@ def test_a_local_run_of_one_config_is_one_outcome():
     assert outcome.status == "ok" and outcome.wall_s == 2.5 and outcome.work_s == 2.0
 
 
-@pytest.mark.parametrize("kind,status", [("timeout", "timeout"), ("raised", "failed"), ("lost_actor", "lost")])
+@pytest.mark.parametrize("kind,status", [("timeout", "timeout"), ("late", "timeout"), ("raised", "failed"),
+                                         ("lost_actor", "lost")])
 def test_a_run_that_failed_as_a_whole_fails_each_config(kind, status):
-    error = TimeoutError("no result within resources.trial_timeout_s=1 s") if kind == "timeout" \
+    error = TimeoutError("no result within resources.trial_timeout_s=1 s") if kind in ("timeout", "late") \
         else RuntimeError("killed by `ray.kill`")
     outcomes = _outcome((CANONICAL, CHECK), RunDone(None, error, kind, 7.0))
     assert [o.status for o in outcomes] == [status, status]
     assert [o.wall_s for o in outcomes] == [7.0, 0.0]
+
+
+def test_a_late_result_is_a_timeout_that_keeps_the_group_and_says_so():
+    late = _outcome(CANONICAL, RunDone(None, TimeoutError("the result came after resources.trial_timeout_s=1 s "
+                                                          "(in 1.20 s)"), "late", 1.2))
+    hung = _outcome(CANONICAL, RunDone(None, TimeoutError("no result within resources.trial_timeout_s=1 s"),
+                                       "timeout", 1.0))
+    assert late.status == hung.status == "timeout"
+    assert late.reason == "the result came after resources.trial_timeout_s=1 s (in 1.20 s)"
+    assert hung.reason.endswith("; the worker group was killed and is rebuilt")
 
 
 @pytest.mark.parametrize("group,together,local", [(2, False, True), (1, False, False), (1, True, True),
