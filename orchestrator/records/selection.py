@@ -51,8 +51,8 @@ def selected_low(d: float, scale: float, confidence: float) -> float:
     cut = min(d, 0.0)
 
     def pivot(mu: float) -> float:
-        below = upper_tail((cut - mu) / scale)
-        return upper_tail((d - mu) / scale) / below if below > 0 else 1.0
+        # mu >= d - SPAN * scale keeps (cut - mu) / scale <= SPAN: the denominator is > 1e-33, never 0.
+        return upper_tail((d - mu) / scale) / upper_tail((cut - mu) / scale)
 
     lo, hi = d - SPAN * scale, d
     if pivot(lo) >= alpha:

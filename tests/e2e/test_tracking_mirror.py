@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.review import mirror as M
 from orchestrator.review.tracking import Tracker, tracking_uri_for
+from orchestrator.review.tracking_lines import PROGRESS
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_tracking import make_record  # noqa: E402  (the same synthetic ledger lines as the store test)
@@ -32,8 +35,12 @@ def _children(tracker, parent) -> list:
 
 
 def _lines(n: int) -> list:
-    return [make_record(0, "baseline", step_time=0.1)] + [make_record(t, "trial", step_time=0.05 + 0.001 * t)
-                                                         for t in range(1, n)]
+    """A baseline and n - 1 trials, each started 10 ms after the one before: a child run's start time is its
+    record's, so lines made within one millisecond would list in any order."""
+    lines = [make_record(0, "baseline", step_time=0.1)] + [make_record(t, "trial", step_time=0.05 + 0.001 * t)
+                                                          for t in range(1, n)]
+    return [dataclasses.replace(r, started_at=lines[0].started_at + timedelta(milliseconds=10 * i))
+            for i, r in enumerate(lines)]
 
 
 def test_every_line_is_logged_by_the_child_process_in_order_and_the_driver_does_none(tmp_path):
@@ -52,6 +59,10 @@ def test_every_line_is_logged_by_the_child_process_in_order_and_the_driver_does_
     runs = _children(tracker, parent)
     assert [r.data.tags["steptune.trial"] for r in runs] == [str(r.trial) for r in records]
     assert {r.info.status for r in runs} == {"FINISHED"}
+    # In order: the parent's history points carry the time each call logged them, trial by trial.
+    history = MlflowClient(tracker.tracking_uri).get_metric_history(parent, PROGRESS[0])
+    logged = [m.timestamp for m in sorted(history, key=lambda m: m.step)]
+    assert len(logged) == len(records) and logged == sorted(logged)
     assert MlflowClient(tracker.tracking_uri).get_run(parent).data.tags["steptune.best_trial"] == "3"
     mirror.close()
 

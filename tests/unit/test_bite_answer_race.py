@@ -122,6 +122,8 @@ def test_an_unpaired_gap_widens_each_configs_median_by_the_assumed_spread_of_its
     g = a.gaps[KEY[2]]
     assert g.ratio == pytest.approx(1.2) and g.interval == pytest.approx((1.2 * math.exp(-half), 1.2 * math.exp(half)))
     assert g.rounds == 0 and g.apart and g.more_rounds == 0  # apart by its runs: no round needed
+    # The lower end that decided it: the gap read given the leader's pick, with the runs' own standard error.
+    assert g.low == pytest.approx(math.exp(selected_low(math.log(1.2), 0.075 * math.sqrt(1 / 3 + 1 / 2), 0.9)))
     tied = a.gaps[KEY[3]]
     # Tied by its single run; it never ran beside the leader in a round, so no paired ratio says how many would do.
     assert not tied.apart and tied.more_rounds is None

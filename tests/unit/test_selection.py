@@ -42,10 +42,17 @@ def test_the_bound_rises_with_the_gap_and_falls_with_the_confidence():
     assert selected_low(0.2, 0.075, 0.95) < selected_low(0.2, 0.075, 0.9) < selected_low(0.2, 0.075, 0.8)
 
 
-def test_a_gap_known_exactly_is_its_own_bound_and_a_bad_confidence_is_refused():
+@pytest.mark.parametrize("conf", [1.0, 0.0, -0.1, 1.5])
+def test_a_gap_known_exactly_is_its_own_bound_and_a_bad_confidence_is_refused(conf):
     assert selected_low(0.2, 0.0, 0.9) == 0.2
     with pytest.raises(ValueError, match="confidence"):
-        selected_low(0.2, 0.1, 1.0)
+        selected_low(0.2, 0.1, conf)
+
+
+@pytest.mark.parametrize("z,tail", [(0.0, 0.5), (Z90, 0.05), (-Z90, 0.95), (1.0, 0.15865525393145705),
+                                    (-math.inf, 1.0), (math.inf, 0.0), (12.0, 1.7764821120776e-33)])
+def test_the_normal_upper_tail(z, tail):
+    assert upper_tail(z) == pytest.approx(tail, rel=1e-9, abs=0.0)
 
 
 @pytest.mark.parametrize("mu,ordinary_at_most", [(0.0, 0.92), (0.05, 0.935), (0.3, 1.0)])
