@@ -504,22 +504,20 @@ def run_sweep(cfg: Any, rounds: int | None = None) -> tuple[dict, list[TrialReco
             _unmake(ledger, made)
             raise
         session = finished.begin()
-        try:  # (the backend may have started its workers in join: they go back unless the sweep took them)
-            sweep = Sweep(cfg, backend, rounds)
-        except BaseException:
-            backend.release()
-            raise
-        # What `report` needs to judge the ledger again (the target, the settling rule), beside the ledger.
-        (cfg.results_dir / "sweep.yaml").write_text(yaml.safe_dump(cfg.raw, sort_keys=False))
         try:
-            summary = sweep.run()
-        except BaseException as e:  # the MLflow parent must not stay RUNNING: ended FAILED/KILLED with why
-            finished.end(session)
-            sweep.recorder.end_tracking("end_sweep", e, grace_s=MIRROR_GRACE_S)
-            raise
-        finally:
+            sweep = Sweep(cfg, backend, rounds)
+            # What `report` needs to judge the ledger again (the target, the settling rule), beside the ledger.
+            (cfg.results_dir / "sweep.yaml").write_text(yaml.safe_dump(cfg.raw, sort_keys=False))
+            try:
+                summary = sweep.run()
+            except BaseException as e:  # the MLflow parent must not stay RUNNING: ended FAILED/KILLED with why
+                finished.end(session)
+                sweep.recorder.end_tracking("end_sweep", e, grace_s=MIRROR_GRACE_S)
+                raise
+            finally:
+                sweep.study.release()
+        finally:  # what join started ahead (the first worker group) goes back unless the sweep's runner took it
             backend.release()
-            sweep.study.release()
         finished.end(session)
         if sweep.settle_only:
             if was is not None:  # settled further, still finished as it was
